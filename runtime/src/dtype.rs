@@ -89,7 +89,10 @@ impl DataType {
 
     /// True for the floating-point types.
     pub const fn is_float(self) -> bool {
-        matches!(self, DataType::F16 | DataType::Bf16 | DataType::F32 | DataType::F64)
+        matches!(
+            self,
+            DataType::F16 | DataType::Bf16 | DataType::F32 | DataType::F64
+        )
     }
 }
 
@@ -106,8 +109,13 @@ pub enum ReduceOp {
 
 impl ReduceOp {
     /// Every operator, in NCCL's order.
-    pub const ALL: [ReduceOp; 5] =
-        [ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg];
+    pub const ALL: [ReduceOp; 5] = [
+        ReduceOp::Sum,
+        ReduceOp::Prod,
+        ReduceOp::Max,
+        ReduceOp::Min,
+        ReduceOp::Avg,
+    ];
 
     /// Converts an `ncclRedOp_t` value.
     pub fn from_raw(v: i32) -> Option<ReduceOp> {

@@ -122,7 +122,13 @@ half_arith!(f16, bf16);
 
 /// # Safety
 /// See [`reduce`].
-unsafe fn reduce_typed<T: Arith>(op: ReduceOp, dst: *mut T, a: *const T, b: *const T, count: usize) {
+unsafe fn reduce_typed<T: Arith>(
+    op: ReduceOp,
+    dst: *mut T,
+    a: *const T,
+    b: *const T,
+    count: usize,
+) {
     let f: fn(T, T) -> T = match op {
         ReduceOp::Sum | ReduceOp::Avg => T::add,
         ReduceOp::Prod => T::mul,

@@ -1,0 +1,447 @@
+//! The engine: drives the streams of one communicator.
+//!
+//! Progress is made by whichever thread holds the driver role (a `try_lock`): a thread waiting
+//! on an event drives inline (MPI style — no hand-off latency for blocking calls), and a
+//! background thread, started only when work is left to run unawaited ([`Engine::kick`] or an
+//! awaited future that could not finish inline), drives while no foreground thread waits.
+//! Idle drivers spin briefly, then yield, then sleep on the engine's [`Doorbell`], which peers
+//! ring when they write to us; so an oversubscribed machine is not burnt by spinning.
+
+use std::task::Waker;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::doorbell::Doorbell;
+use crate::error::{Error, Result};
+use crate::notify::Notify;
+use crate::stream::{Stream, StreamInner, lock};
+use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, spin_hint};
+
+/// Idle polls spent spinning, then yielding, before a driver sleeps on the doorbell.
+const SPIN_POLLS: u32 = 100;
+const YIELD_POLLS: u32 = 200;
+/// Longest sleep of an idle driver (bounds how late timeouts and health checks run).
+const MAX_SLEEP: Duration = Duration::from_millis(20);
+
+/// Extra check run on every progress pass (the communicator checks its peers' error flags).
+pub type HealthCheck = Box<dyn Fn() -> Result<()> + Send + Sync>;
+
+pub(crate) struct EngineInner {
+    /// The driver role and the list of streams.
+    streams: Mutex<Vec<Arc<StreamInner>>>,
+    pub(crate) bell: Doorbell,
+    /// Tasks enqueued and not yet finished, over all streams.
+    pub(crate) pending: AtomicU64,
+    /// Threads blocked in a wait (the background thread stands back while > 0).
+    waiters: AtomicUsize,
+    timeout: Duration,
+    abort: Mutex<Option<Error>>,
+    aborted: AtomicBool,
+    health: Mutex<Option<Arc<HealthCheck>>>,
+    wakers: Mutex<Vec<Waker>>,
+    has_wakers: AtomicBool,
+    background: Mutex<Option<JoinHandle<()>>>,
+    stop: AtomicBool,
+}
+
+/// Owner handle of an engine; dropping it stops the background thread.
+pub struct Engine {
+    inner: Arc<EngineInner>,
+}
+
+impl Engine {
+    /// A new engine whose waits fail after `timeout`, sleeping on `bell` when idle.
+    pub fn new(bell: Doorbell, timeout: Duration) -> Engine {
+        Engine {
+            inner: Arc::new(EngineInner {
+                streams: Mutex::new(Vec::new()),
+                bell,
+                pending: AtomicU64::new(0),
+                waiters: AtomicUsize::new(0),
+                timeout,
+                abort: Mutex::new(None),
+                aborted: AtomicBool::new(false),
+                health: Mutex::new(None),
+                wakers: Mutex::new(Vec::new()),
+                has_wakers: AtomicBool::new(false),
+                background: Mutex::new(None),
+                stop: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// A new stream driven by this engine.
+    pub fn stream(&self) -> Stream {
+        let s = Arc::new(StreamInner::new());
+        lock(&self.inner.streams).push(s.clone());
+        Stream {
+            inner: s,
+            engine: self.inner.clone(),
+        }
+    }
+
+    /// A notify waited on by streams of this engine.
+    pub fn notify(&self) -> Notify {
+        Notify::new(self.inner.bell.clone())
+    }
+
+    /// The doorbell peers ring to wake this engine.
+    pub fn doorbell(&self) -> &Doorbell {
+        &self.inner.bell
+    }
+
+    /// Installs a check run on every progress pass; an error aborts the engine with it.
+    pub fn set_health_check(&self, check: HealthCheck) {
+        *lock(&self.inner.health) = Some(Arc::new(check));
+    }
+
+    /// Fails all queued and future work with `reason` and wakes every waiter.
+    pub fn abort(&self, reason: Error) {
+        self.inner.abort_with(reason);
+    }
+
+    /// The abort reason, if aborted.
+    pub fn abort_reason(&self) -> Option<Error> {
+        lock(&self.inner.abort).clone()
+    }
+
+    /// Drives until `done` returns `Some` (used by blocking calls that need a condition other
+    /// than an event).
+    pub fn wait_until<T>(&self, done: impl FnMut() -> Option<T>) -> T {
+        self.inner.wait_until(done)
+    }
+
+    /// Configured wait timeout.
+    pub fn timeout(&self) -> Duration {
+        self.inner.timeout
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Release);
+        self.inner.bell.ring();
+        if let Some(h) = lock(&self.inner.background).take() {
+            let _ = h.join();
+        }
+    }
+}
+
+impl EngineInner {
+    /// One progress pass if no other thread is driving. Returns true if anything finished.
+    pub(crate) fn try_progress(&self) -> bool {
+        let Ok(streams) = self.streams.try_lock() else {
+            return false;
+        };
+        if self.aborted.load(Ordering::Acquire) {
+            let reason = lock(&self.abort)
+                .clone()
+                .unwrap_or(Error::Aborted(String::new()));
+            let n: u64 = streams.iter().map(|s| s.fail_all(reason.clone())).sum();
+            self.finished(n);
+            return n > 0;
+        }
+        let health = lock(&self.health).clone();
+        if let Some(check) = health
+            && let Err(e) = check()
+        {
+            drop(streams);
+            self.abort_with(e);
+            return true;
+        }
+        let mut finished = 0;
+        for s in streams.iter() {
+            finished += s.advance(self.timeout).0;
+        }
+        drop(streams);
+        self.finished(finished);
+        finished > 0
+    }
+
+    fn finished(&self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.pending.fetch_sub(n, Ordering::AcqRel);
+        if self.has_wakers.load(Ordering::Acquire) {
+            self.has_wakers.store(false, Ordering::Release);
+            for w in std::mem::take(&mut *lock(&self.wakers)) {
+                w.wake();
+            }
+        }
+        if self.waiters.load(Ordering::Acquire) > 0 {
+            // A waiter may be asleep while another thread drives.
+            self.bell.ring();
+        }
+    }
+
+    pub(crate) fn wait_until<T>(&self, mut done: impl FnMut() -> Option<T>) -> T {
+        self.waiters.fetch_add(1, Ordering::AcqRel);
+        let mut idle = 0u32;
+        let out = loop {
+            let seen = self.bell.seq();
+            let progressed = self.try_progress();
+            if let Some(r) = done() {
+                break r;
+            }
+            if progressed {
+                idle = 0;
+            } else {
+                idle = idle.saturating_add(1);
+                self.idle(idle, seen);
+            }
+        };
+        self.waiters.fetch_sub(1, Ordering::AcqRel);
+        out
+    }
+
+    /// Back-off of an idle driver: spin, then yield, then sleep until rung.
+    fn idle(&self, idle: u32, seen: u32) {
+        if idle < SPIN_POLLS {
+            spin_hint();
+        } else if idle < YIELD_POLLS {
+            crate::sync::thread::yield_now();
+        } else {
+            let ms = 1u64 << ((idle - YIELD_POLLS).min(5));
+            self.bell
+                .sleep(seen, Duration::from_millis(ms).min(MAX_SLEEP));
+        }
+    }
+
+    pub(crate) fn register_waker(self: &Arc<Self>, waker: &Waker) {
+        {
+            let mut w = lock(&self.wakers);
+            if !w.iter().any(|x| x.will_wake(waker)) {
+                w.push(waker.clone());
+            }
+        }
+        self.has_wakers.store(true, Ordering::Release);
+        self.kick();
+    }
+
+    pub(crate) fn kick(self: &Arc<Self>) {
+        let mut bg = lock(&self.background);
+        if bg.is_none() && !self.stop.load(Ordering::Acquire) {
+            let me = self.clone();
+            let spawned = std::thread::Builder::new()
+                .name("ampccl-progress".into())
+                .spawn(move || me.background_loop());
+            match spawned {
+                Ok(h) => *bg = Some(h),
+                Err(e) => tracing::error!("cannot start the progress thread: {e}"),
+            }
+        }
+        drop(bg);
+        self.bell.ring();
+    }
+
+    fn background_loop(self: Arc<Self>) {
+        let mut idle = 0u32;
+        while !self.stop.load(Ordering::Acquire) {
+            let seen = self.bell.seq();
+            let work =
+                self.pending.load(Ordering::Acquire) > 0 || self.has_wakers.load(Ordering::Acquire);
+            if !work || self.waiters.load(Ordering::Acquire) > 0 {
+                self.bell.sleep(seen, MAX_SLEEP);
+                continue;
+            }
+            if self.try_progress() {
+                idle = 0;
+            } else {
+                idle = idle.saturating_add(1);
+                self.idle(idle, seen);
+            }
+        }
+    }
+
+    fn abort_with(&self, reason: Error) {
+        let mut a = lock(&self.abort);
+        if a.is_none() {
+            *a = Some(reason);
+        }
+        drop(a);
+        self.aborted.store(true, Ordering::Release);
+        self.bell.ring();
+    }
+}
+
+#[cfg(all(test, not(ampccl_loom)))]
+mod tests {
+    use super::*;
+    use crate::task::Task;
+    use std::task::Poll;
+
+    fn engine() -> Engine {
+        Engine::new(Doorbell::new(), Duration::from_secs(5))
+    }
+
+    #[test]
+    fn tasks_on_a_stream_run_in_order() {
+        let e = engine();
+        let s = e.stream();
+        let mut a = [1u8; 64];
+        let mut b = [0u8; 64];
+        let mut c = [0u8; 64];
+        // SAFETY: the buffers outlive the synchronize below.
+        unsafe {
+            s.enqueue(Task::Copy {
+                dst: b.as_mut_ptr(),
+                src: a.as_ptr(),
+                len: 64,
+            });
+            s.enqueue(Task::Copy {
+                dst: c.as_mut_ptr(),
+                src: b.as_ptr(),
+                len: 64,
+            });
+        }
+        s.synchronize().unwrap();
+        assert_eq!(c, [1u8; 64]);
+        a[0] = 9;
+        assert_eq!(a[0], 9);
+    }
+
+    #[test]
+    fn notify_orders_two_streams_and_background_thread_runs_unawaited_work() {
+        let e = engine();
+        let (main, slave) = (e.stream(), e.stream());
+        let n = e.notify();
+        let src = vec![7u32; 1000];
+        let mut mid = vec![0u32; 1000];
+        let mut dst = vec![0u32; 1000];
+        // SAFETY: buffers live until the final synchronize.
+        unsafe {
+            let target = n.next_wait();
+            main.enqueue(Task::Wait {
+                notify: n.clone(),
+                target,
+            });
+            main.enqueue(Task::Copy {
+                dst: dst.as_mut_ptr().cast(),
+                src: mid.as_ptr().cast(),
+                len: 4000,
+            });
+            slave.enqueue(Task::Copy {
+                dst: mid.as_mut_ptr().cast(),
+                src: src.as_ptr().cast(),
+                len: 4000,
+            });
+            slave.enqueue(Task::Record(n.clone()));
+        }
+        main.kick();
+        let ev = main.record();
+        let start = std::time::Instant::now();
+        while !ev.is_done() {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "background thread made no progress"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        ev.wait().unwrap();
+        assert_eq!(dst, src);
+    }
+
+    #[test]
+    fn failure_is_sticky_and_reported_by_later_events() {
+        let e = engine();
+        let s = e.stream();
+        let before = s.record();
+        // SAFETY: no pointers.
+        unsafe {
+            s.enqueue(Task::Callback(Box::new(|| {
+                Poll::Ready(Err(Error::InvalidUsage("boom".into())))
+            })));
+        }
+        assert!(before.wait().is_ok());
+        let err = s.synchronize().unwrap_err();
+        assert_eq!(err, Error::InvalidUsage("boom".into()));
+        // SAFETY: no pointers.
+        unsafe { s.enqueue(Task::Callback(Box::new(|| Poll::Ready(Ok(()))))) };
+        assert!(s.synchronize().is_err());
+    }
+
+    #[test]
+    fn stuck_task_times_out_with_its_description() {
+        let e = Engine::new(Doorbell::new(), Duration::from_millis(200));
+        let s = e.stream();
+        let n = e.notify();
+        // SAFETY: no pointers.
+        unsafe {
+            s.enqueue(Task::Wait {
+                notify: n.clone(),
+                target: n.next_wait(),
+            })
+        };
+        let start = std::time::Instant::now();
+        let err = s.synchronize().unwrap_err();
+        assert!(
+            matches!(err, Error::Timeout(ref m) if m.contains("notify wait")),
+            "{err}"
+        );
+        assert!(start.elapsed() < Duration::from_secs(3));
+    }
+
+    #[test]
+    fn abort_fails_pending_work_promptly() {
+        let e = engine();
+        let s = e.stream();
+        let n = e.notify();
+        // SAFETY: no pointers.
+        unsafe {
+            s.enqueue(Task::Wait {
+                notify: n.clone(),
+                target: n.next_wait(),
+            })
+        };
+        e.abort(Error::Aborted("by test".into()));
+        assert_eq!(
+            s.synchronize().unwrap_err(),
+            Error::Aborted("by test".into())
+        );
+    }
+
+    #[test]
+    fn event_future_completes_under_a_foreign_executor() {
+        let e = engine();
+        let (a, b) = (e.stream(), e.stream());
+        let n = e.notify();
+        // SAFETY: no pointers.
+        unsafe {
+            a.enqueue(Task::Wait {
+                notify: n.clone(),
+                target: n.next_wait(),
+            })
+        };
+        let ev = a.record();
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            // SAFETY: no pointers.
+            unsafe { b.enqueue(Task::Record(n)) };
+            b.kick();
+        });
+        let r = block_on(ev);
+        assert!(r.is_ok());
+        t.join().unwrap();
+    }
+
+    /// Minimal executor: parks the thread until woken.
+    fn block_on<F: std::future::Future>(f: F) -> F::Output {
+        use std::task::{Context, Wake};
+        struct Th(std::thread::Thread);
+        impl Wake for Th {
+            fn wake(self: std::sync::Arc<Self>) {
+                self.0.unpark();
+            }
+        }
+        let waker = std::sync::Arc::new(Th(std::thread::current())).into();
+        let mut cx = Context::from_waker(&waker);
+        let mut f = std::pin::pin!(f);
+        loop {
+            if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+                return v;
+            }
+            std::thread::park_timeout(Duration::from_secs(1));
+        }
+    }
+}

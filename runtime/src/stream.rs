@@ -1,0 +1,266 @@
+//! Streams (ordered asynchronous task queues) and events (points in a stream).
+//!
+//! A [`Stream`] belongs to an [`Engine`](crate::engine::Engine); tasks on one stream run in
+//! order, tasks on different streams run concurrently (interleaved by the engine's driver).
+//! An [`Event`] completes when every task enqueued before it has completed; it can be queried,
+//! waited on (the waiting thread drives the engine) or awaited as a `Future` (under any
+//! executor). A failed task fails its stream: the failure is sticky, every later event of the
+//! stream reports it.
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use crate::engine::EngineInner;
+use crate::error::{Error, Result};
+use crate::sync::{Arc, AtomicU64, Mutex, Ordering};
+use crate::task::Task;
+
+/// How often a stuck task is asked about its peers' health.
+const HEALTH_INTERVAL: Duration = Duration::from_millis(100);
+
+/// A task in a queue, with the bookkeeping for timeouts.
+pub(crate) struct Queued {
+    task: Task,
+    polls: u32,
+    first_pending: Option<Instant>,
+    last_health: Option<Instant>,
+}
+
+impl Queued {
+    /// Called after a `Pending` poll: fails the task when it has waited longer than `timeout`
+    /// or when its peer is known dead.
+    fn check_stuck(&mut self, timeout: Duration) -> Result<()> {
+        self.polls = self.polls.wrapping_add(1);
+        if self.polls > 64 && self.polls & 15 != 0 && self.polls < 4096 {
+            return Ok(());
+        }
+        let now = Instant::now();
+        let t0 = *self.first_pending.get_or_insert(now);
+        if now.duration_since(t0) > timeout {
+            return Err(Error::Timeout(format!(
+                "{:?} still pending after {:.1} s (AMPCCL_TIMEOUT_S)",
+                self.task,
+                timeout.as_secs_f64()
+            )));
+        }
+        let last = *self.last_health.get_or_insert(now);
+        if now.duration_since(last) > HEALTH_INTERVAL {
+            self.last_health = Some(now);
+            self.task.check_health()?;
+        }
+        Ok(())
+    }
+}
+
+pub(crate) struct StreamInner {
+    queue: Mutex<VecDeque<Queued>>,
+    /// Tasks ever enqueued (incremented under the queue lock).
+    enqueued: AtomicU64,
+    /// Tasks completed or failed.
+    completed: AtomicU64,
+    /// Sticky failure: position (1-based) of the first failed task and its error.
+    failure: Mutex<Option<(u64, Error)>>,
+}
+
+impl StreamInner {
+    pub(crate) fn new() -> StreamInner {
+        StreamInner {
+            queue: Mutex::new(VecDeque::new()),
+            enqueued: AtomicU64::new(0),
+            completed: AtomicU64::new(0),
+            failure: Mutex::new(None),
+        }
+    }
+
+    /// Runs tasks from the head until one is pending. Returns (tasks finished, failed).
+    pub(crate) fn advance(&self, timeout: Duration) -> (u64, bool) {
+        let mut done = 0;
+        loop {
+            let Some(mut item) = lock(&self.queue).pop_front() else {
+                return (done, false);
+            };
+            match item.task.poll() {
+                Poll::Ready(Ok(())) => {
+                    self.completed.fetch_add(1, Ordering::Release);
+                    done += 1;
+                }
+                Poll::Ready(Err(e)) => return (done + self.fail(e), true),
+                Poll::Pending => {
+                    if let Err(e) = item.check_stuck(timeout) {
+                        return (done + self.fail(e), true);
+                    }
+                    lock(&self.queue).push_front(item);
+                    return (done, false);
+                }
+            }
+        }
+    }
+
+    /// Fails the task just popped and every queued one; returns how many were dropped.
+    fn fail(&self, e: Error) -> u64 {
+        self.fail_queued(e, 1)
+    }
+
+    /// Fails everything queued (abort); returns how many tasks were dropped.
+    pub(crate) fn fail_all(&self, e: Error) -> u64 {
+        self.fail_queued(e, 0)
+    }
+
+    /// Drops the queue, counting `extra` already-popped tasks as failed too; the first failure
+    /// of a stream is the one it reports.
+    fn fail_queued(&self, e: Error, extra: u64) -> u64 {
+        let mut q = lock(&self.queue);
+        let dropped = q.len() as u64 + extra;
+        if dropped == 0 {
+            return 0;
+        }
+        q.clear();
+        let mut f = lock(&self.failure);
+        if f.is_none() {
+            *f = Some((self.completed.load(Ordering::Acquire) + 1, e));
+        }
+        self.completed.fetch_add(dropped, Ordering::Release);
+        dropped
+    }
+
+    /// `Some(result)` once every task up to position `seq` has finished.
+    fn status(&self, seq: u64) -> Option<Result<()>> {
+        if self.completed.load(Ordering::Acquire) < seq {
+            return None;
+        }
+        match &*lock(&self.failure) {
+            Some((pos, e)) if *pos <= seq => Some(Err(e.clone())),
+            _ => Some(Ok(())),
+        }
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> crate::sync::MutexGuard<'_, T> {
+    // A panic while holding one of these locks cannot leave the data inconsistent (plain queue
+    // pushes/pops), so poisoning is ignored.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// An ordered asynchronous task queue.
+#[derive(Clone)]
+pub struct Stream {
+    pub(crate) inner: Arc<StreamInner>,
+    pub(crate) engine: Arc<EngineInner>,
+}
+
+impl Stream {
+    /// Appends a task. It runs after every task enqueued before it on this stream.
+    ///
+    /// The task does not start until some thread drives the engine: a waiter on an event of
+    /// this engine, or the background thread after [`Stream::kick`].
+    ///
+    /// # Safety
+    /// Every pointer in `task` must stay valid (and, for destinations, not be accessed by
+    /// anyone else) until the task has completed, i.e. until an event recorded after it
+    /// completes.
+    pub unsafe fn enqueue(&self, task: Task) {
+        let mut q = lock(&self.inner.queue);
+        if lock(&self.inner.failure).is_some() {
+            // A failed stream runs nothing more; the task counts as failed at once.
+            self.inner.enqueued.fetch_add(1, Ordering::AcqRel);
+            self.inner.completed.fetch_add(1, Ordering::Release);
+            return;
+        }
+        q.push_back(Queued {
+            task,
+            polls: 0,
+            first_pending: None,
+            last_health: None,
+        });
+        self.inner.enqueued.fetch_add(1, Ordering::AcqRel);
+        self.engine.pending.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Makes sure queued work progresses even if nobody waits for it (starts the engine's
+    /// background thread on first use and rings it).
+    pub fn kick(&self) {
+        self.engine.kick();
+    }
+
+    /// An event that completes when every task enqueued so far has completed.
+    pub fn record(&self) -> Event {
+        Event {
+            stream: self.inner.clone(),
+            engine: self.engine.clone(),
+            seq: self.inner.enqueued.load(Ordering::Acquire),
+        }
+    }
+
+    /// Makes later tasks of this stream wait for `event` (which may belong to another stream
+    /// of the same engine).
+    pub fn wait_event(&self, event: &Event) {
+        // SAFETY: the task holds no pointers.
+        unsafe { self.enqueue(Task::WaitEvent(event.clone())) }
+    }
+
+    /// `None` while work is queued; otherwise the stream's status.
+    pub fn query(&self) -> Option<Result<()>> {
+        self.record().status()
+    }
+
+    /// Blocks until everything enqueued so far has completed.
+    pub fn synchronize(&self) -> Result<()> {
+        self.record().wait()
+    }
+
+    /// True when both handles name the same stream.
+    pub fn same_as(&self, other: &Stream) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+/// A point in a stream. Complete once every task enqueued on the stream before it has.
+#[derive(Clone)]
+pub struct Event {
+    stream: Arc<StreamInner>,
+    engine: Arc<EngineInner>,
+    seq: u64,
+}
+
+impl Event {
+    /// `None` while pending, else the result of the tasks it covers.
+    pub fn status(&self) -> Option<Result<()>> {
+        self.stream.status(self.seq)
+    }
+
+    /// True once complete (successfully or not).
+    pub fn is_done(&self) -> bool {
+        self.status().is_some()
+    }
+
+    /// Blocks until complete, driving the engine on this thread while nobody else does.
+    pub fn wait(&self) -> Result<()> {
+        if let Some(r) = self.status() {
+            return r;
+        }
+        self.engine.wait_until(|| self.status())
+    }
+}
+
+impl Future for Event {
+    type Output = Result<()>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<()>> {
+        if let Some(r) = self.status() {
+            return Poll::Ready(r);
+        }
+        self.engine.try_progress();
+        if let Some(r) = self.status() {
+            return Poll::Ready(r);
+        }
+        self.engine.register_waker(cx.waker());
+        // Re-check after registering: a completion in between would otherwise be missed.
+        match self.status() {
+            Some(r) => Poll::Ready(r),
+            None => Poll::Pending,
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! The task vocabulary of streams: what an executor can ask a stream to do.
+//!
+//! Tasks are plain data (no allocation per task except host callbacks) and are polled, never
+//! blocked on: a task that cannot finish yet returns `Pending` and the engine polls other
+//! streams. Link operations are implemented by transports through [`LinkDriver`].
+
+use std::fmt;
+use std::task::Poll;
+
+use crate::dtype::{DataType, ReduceOp};
+use crate::error::Result;
+use crate::notify::Notify;
+use crate::reduce;
+use crate::stream::Event;
+use crate::sync::Arc;
+
+/// One of HCCL's link primitives, with the sequence number assigned when it was enqueued.
+#[derive(Debug, Clone, Copy)]
+pub enum LinkOp {
+    /// Tell the peer we are ready (one generation of the peer's ack counter).
+    TxAck { seq: u32 },
+    /// Wait for the peer's ack number `seq`.
+    RxAck { seq: u32 },
+    /// Send `len` bytes from `src` into the buffer the peer posted with its `RxAsync` number
+    /// `seq` (waits for the peer's clear-to-send). `tag` must equal the receiver's.
+    TxAsync {
+        seq: u32,
+        src: *const u8,
+        len: usize,
+        tag: u32,
+    },
+    /// Post a clear-to-send for `len` bytes into `dst` (a registered window of ours, or any
+    /// memory when the transport can write user memory).
+    RxAsync {
+        seq: u32,
+        dst: *mut u8,
+        len: usize,
+        tag: u32,
+    },
+    /// Wait until send number `seq` has left our buffer.
+    TxWaitDone { seq: u32 },
+    /// Wait until receive number `seq` has landed; it must carry exactly `len` bytes.
+    RxWaitDone { seq: u32, len: usize },
+}
+
+/// Transport side of link tasks.
+pub trait LinkDriver: Send + Sync {
+    /// Advances `op`; `Ready` when it is complete.
+    fn poll_op(&self, op: &mut LinkOp) -> Poll<Result<()>>;
+    /// Called by the engine while `op` has been pending for a while: report a dead peer etc.
+    fn check_health(&self) -> Result<()>;
+    /// Human-readable peer description for error messages ("rank 3 (pid 1234)").
+    fn peer_desc(&self) -> String;
+}
+
+/// A host callback task: polled until it returns `Ready`.
+pub type Callback = Box<dyn FnMut() -> Poll<Result<()>> + Send>;
+
+/// One unit of stream work.
+pub enum Task {
+    /// `len` bytes from `src` to `dst` (non-overlapping).
+    Copy {
+        dst: *mut u8,
+        src: *const u8,
+        len: usize,
+    },
+    /// `dst[i] = a[i] op b[i]` over `count` elements (`dst` may equal `a` or `b`).
+    Reduce {
+        dtype: DataType,
+        op: ReduceOp,
+        dst: *mut u8,
+        a: *const u8,
+        b: *const u8,
+        count: usize,
+    },
+    /// `dst[i] /= n`, the end of `Avg`.
+    FinishAvg {
+        dtype: DataType,
+        dst: *mut u8,
+        count: usize,
+        n: usize,
+    },
+    /// Record one generation of a notify.
+    Record(Notify),
+    /// Wait until a notify reaches generation `target` (from [`Notify::next_wait`]).
+    Wait { notify: Notify, target: u32 },
+    /// Wait until an event (of any stream of the same engine) has completed.
+    WaitEvent(Event),
+    /// A link primitive.
+    Link {
+        link: Arc<dyn LinkDriver>,
+        op: LinkOp,
+    },
+    /// Arbitrary host work.
+    Callback(Callback),
+}
+
+// SAFETY: the raw pointers in tasks refer to memory the enqueuer guaranteed valid until the task
+// completes (`Stream::enqueue` is unsafe for that reason); moving a task to the driving thread
+// does not change that.
+unsafe impl Send for Task {}
+
+impl Task {
+    /// Runs or advances the task.
+    pub(crate) fn poll(&mut self) -> Poll<Result<()>> {
+        match self {
+            Task::Copy { dst, src, len } => {
+                // SAFETY: valid, non-overlapping by the enqueue contract.
+                unsafe { std::ptr::copy_nonoverlapping(*src, *dst, *len) };
+                Poll::Ready(Ok(()))
+            }
+            Task::Reduce {
+                dtype,
+                op,
+                dst,
+                a,
+                b,
+                count,
+            } => {
+                // SAFETY: valid and aligned by the enqueue contract.
+                unsafe { reduce::reduce(*dtype, *op, *dst, *a, *b, *count) };
+                Poll::Ready(Ok(()))
+            }
+            Task::FinishAvg {
+                dtype,
+                dst,
+                count,
+                n,
+            } => {
+                // SAFETY: valid and aligned by the enqueue contract.
+                unsafe { reduce::finish_avg(*dtype, *dst, *count, *n) };
+                Poll::Ready(Ok(()))
+            }
+            Task::Record(n) => {
+                n.record();
+                Poll::Ready(Ok(()))
+            }
+            Task::Wait { notify, target } => {
+                if notify.reached(*target) {
+                    Poll::Ready(Ok(()))
+                } else {
+                    Poll::Pending
+                }
+            }
+            Task::WaitEvent(ev) => match ev.status() {
+                None => Poll::Pending,
+                Some(r) => Poll::Ready(r),
+            },
+            Task::Link { link, op } => link.poll_op(op),
+            Task::Callback(f) => f(),
+        }
+    }
+
+    /// Reports a dead peer or similar while the task is stuck.
+    pub(crate) fn check_health(&self) -> Result<()> {
+        match self {
+            Task::Link { link, .. } => link.check_health(),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl fmt::Debug for Task {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Task::Copy { len, .. } => write!(f, "copy of {len} bytes"),
+            Task::Reduce {
+                dtype, op, count, ..
+            } => {
+                write!(f, "{} reduction of {count} {}", op.name(), dtype.name())
+            }
+            Task::FinishAvg { count, .. } => write!(f, "average of {count} elements"),
+            Task::Record(_) => write!(f, "notify record"),
+            Task::Wait { target, .. } => write!(f, "notify wait (generation {target})"),
+            Task::WaitEvent(_) => write!(f, "wait for an event of another stream"),
+            Task::Link { link, op } => write!(f, "{op:?} with {}", link.peer_desc()),
+            Task::Callback(_) => write!(f, "host callback"),
+        }
+    }
+}
