@@ -1,1 +1,18 @@
-//! placeholder
+//! ampccl transports.
+//!
+//! - [`bootstrap`]: unique id, TCP rendezvous, out-of-band allgather/barrier/broadcast.
+//! - [`device`]: the one-sided RMA device interface; [`protocol`]: NCCL's receiver-driven
+//!   protocol over it; [`link::Link`]: HCCL's link primitives as stream tasks.
+//! - providers: [`shm`] (processes on one host). TCP and RDMA verbs are later providers; the
+//!   probe list ([`probe`]) reports what can connect a set of ranks.
+
+pub mod bootstrap;
+pub mod device;
+pub mod link;
+pub mod probe;
+pub mod protocol;
+pub mod shm;
+#[cfg(test)]
+pub(crate) mod testdev;
+
+pub use ampccl_runtime::{Error, Result};

@@ -1,0 +1,119 @@
+//! Tunables, read from the environment once per communicator and logged at init.
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `AMPCCL_TIMEOUT_S` | 300 | longest wait for a peer before an operation fails |
+//! | `AMPCCL_BUFFSIZE` | 4194304 | bytes of each CCL buffer (input and output) per rank |
+//! | `AMPCCL_SHM_CMA` | 1 | use cross-memory attach when the kernel permits |
+//! | `AMPCCL_TRANSPORT` | (probe) | force a transport provider (`shm`) |
+//! | `AMPCCL_ALGO_<OP>` | (select) | force an algorithm, e.g. `AMPCCL_ALGO_ALLREDUCE=AllReduceRing` |
+//! | `AMPCCL_LOG` | `warn` | log filter (`tracing` env-filter syntax) |
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use ampccl_runtime::{Error, Result};
+
+use crate::op::OpKind;
+
+/// Communicator configuration.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub timeout: Duration,
+    /// Bytes of each CCL buffer.
+    pub buffsize: usize,
+    pub allow_cma: bool,
+    pub transport: Option<String>,
+    /// Forced algorithm per operation kind.
+    pub forced: HashMap<OpKind, String>,
+    /// Clear-to-send FIFO depth.
+    pub fifo_depth: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            timeout: Duration::from_secs(300),
+            buffsize: 4 << 20,
+            allow_cma: true,
+            transport: None,
+            forced: HashMap::new(),
+            fifo_depth: 256,
+        }
+    }
+}
+
+impl Config {
+    /// Defaults overridden by the `AMPCCL_*` environment variables.
+    pub fn from_env() -> Result<Config> {
+        Config::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// As [`Config::from_env`] with a custom lookup (tests).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Config> {
+        let mut c = Config::default();
+        let num = |k: &str| -> Result<Option<f64>> {
+            get(k)
+                .map(|v| {
+                    v.trim().parse::<f64>().ok().filter(|x| x.is_finite() && *x > 0.0).ok_or_else(|| {
+                        Error::InvalidArgument(format!("{k}={v:?} is not a positive number"))
+                    })
+                })
+                .transpose()
+        };
+        if let Some(s) = num("AMPCCL_TIMEOUT_S")? {
+            c.timeout = Duration::from_secs_f64(s);
+        }
+        if let Some(b) = num("AMPCCL_BUFFSIZE")? {
+            let b = b as usize;
+            if !(4096..=1 << 30).contains(&b) {
+                return Err(Error::InvalidArgument(format!(
+                    "AMPCCL_BUFFSIZE={b} must be between 4096 and 1 GiB"
+                )));
+            }
+            c.buffsize = b;
+        }
+        if let Some(v) = get("AMPCCL_SHM_CMA") {
+            c.allow_cma = v.trim() != "0";
+        }
+        c.transport = get("AMPCCL_TRANSPORT").filter(|s| !s.is_empty());
+        for kind in OpKind::ALL {
+            if let Some(v) = get(&format!("AMPCCL_ALGO_{}", kind.name().to_uppercase())) {
+                c.forced.insert(kind, v);
+            }
+        }
+        Ok(c)
+    }
+}
+
+/// Installs the `tracing` subscriber filtered by `AMPCCL_LOG` (once per process; a subscriber
+/// the application installed first wins).
+pub fn init_logging() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let filter = tracing_subscriber::EnvFilter::try_from_env("AMPCCL_LOG")
+            .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_overrides_and_rejects_garbage() {
+        let c = Config::from_lookup(|k| match k {
+            "AMPCCL_TIMEOUT_S" => Some("2.5".into()),
+            "AMPCCL_BUFFSIZE" => Some("65536".into()),
+            "AMPCCL_ALGO_ALLREDUCE" => Some("AllReduceRing".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(c.timeout, Duration::from_millis(2500));
+        assert_eq!(c.buffsize, 65536);
+        assert_eq!(c.forced.get(&OpKind::AllReduce).map(String::as_str), Some("AllReduceRing"));
+        assert!(Config::from_lookup(|k| (k == "AMPCCL_TIMEOUT_S").then(|| "soon".into())).is_err());
+        assert!(Config::from_lookup(|k| (k == "AMPCCL_BUFFSIZE").then(|| "12".into())).is_err());
+    }
+}

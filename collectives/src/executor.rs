@@ -1,0 +1,38 @@
+//! The executor interface (one implementation per algorithm) and the operator interface (one
+//! per collective).
+
+use ampccl_runtime::Result;
+
+use crate::op::OpParam;
+use crate::resource::{AlgResourceRequest, AlgResourceResponse};
+
+/// An algorithm: says what it needs, then orchestrates tasks over what it got.
+///
+/// Implement this outside the crate and add it with
+/// [`Registry::register`](crate::registry::Registry::register) to run your own algorithm; see
+/// `examples/custom_executor.rs`.
+pub trait Executor: Send + Sync {
+    /// Resources for `param` (cached by the framework under the operator's `new_tag`).
+    fn calc_res_request(&self, param: &OpParam) -> AlgResourceRequest;
+    /// Submits the operation's tasks.
+    fn orchestrate(&self, param: &OpParam, res: &mut AlgResourceResponse<'_>) -> Result<()>;
+}
+
+/// What an operator may consult when selecting an algorithm.
+#[derive(Clone, Copy, Debug)]
+pub struct SelectCtx {
+    /// Bytes of each CCL buffer.
+    pub ccl_size: usize,
+    /// Peers can receive straight into user memory.
+    pub user_mem_links: bool,
+}
+
+/// One per collective: validates and selects the algorithm.
+pub trait Operator: Send + Sync {
+    /// Collective-specific checks beyond the framework's generic ones.
+    fn validate(&self, _param: &OpParam) -> Result<()> {
+        Ok(())
+    }
+    /// `(algorithm name, new_tag)`: the executor to run and the key of its resources.
+    fn select_alg(&self, param: &OpParam, ctx: &SelectCtx) -> (&'static str, u64);
+}

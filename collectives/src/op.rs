@@ -1,0 +1,206 @@
+//! `OpParam`: what one collective call asks for, and its cross-rank fingerprint.
+
+use ampccl_runtime::{DataType, ReduceOp};
+
+/// The collective (or point-to-point) operation kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OpKind {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast,
+    Reduce,
+    AllToAll,
+    Send,
+    Recv,
+    Barrier,
+}
+
+impl OpKind {
+    /// Every kind.
+    pub const ALL: [OpKind; 9] = [
+        OpKind::AllReduce,
+        OpKind::AllGather,
+        OpKind::ReduceScatter,
+        OpKind::Broadcast,
+        OpKind::Reduce,
+        OpKind::AllToAll,
+        OpKind::Send,
+        OpKind::Recv,
+        OpKind::Barrier,
+    ];
+
+    /// Name as used in algorithm names, `AMPCCL_ALGO_<OP>` (upper-cased) and messages.
+    pub const fn name(self) -> &'static str {
+        match self {
+            OpKind::AllReduce => "AllReduce",
+            OpKind::AllGather => "AllGather",
+            OpKind::ReduceScatter => "ReduceScatter",
+            OpKind::Broadcast => "Broadcast",
+            OpKind::Reduce => "Reduce",
+            OpKind::AllToAll => "AllToAll",
+            OpKind::Send => "Send",
+            OpKind::Recv => "Recv",
+            OpKind::Barrier => "Barrier",
+        }
+    }
+
+    /// Whether the operation combines values with a [`ReduceOp`].
+    pub const fn reduces(self) -> bool {
+        matches!(self, OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Reduce)
+    }
+
+    /// Whether `root` is meaningful (root rank, or the peer of send/recv).
+    pub const fn has_root(self) -> bool {
+        matches!(self, OpKind::Broadcast | OpKind::Reduce | OpKind::Send | OpKind::Recv)
+    }
+
+    /// Elements of the input buffer for `count` on `world` ranks (NCCL's count conventions).
+    pub const fn input_count(self, count: usize, world: usize) -> usize {
+        match self {
+            OpKind::ReduceScatter | OpKind::AllToAll => count * world,
+            OpKind::Barrier | OpKind::Recv => 0,
+            _ => count,
+        }
+    }
+
+    /// Elements of the output buffer.
+    pub const fn output_count(self, count: usize, world: usize) -> usize {
+        match self {
+            OpKind::AllGather | OpKind::AllToAll => count * world,
+            OpKind::Barrier | OpKind::Send => 0,
+            _ => count,
+        }
+    }
+}
+
+/// Parameters of one operation, as the framework hands them to operators and executors.
+///
+/// `count` follows NCCL: AllReduce/Broadcast/Reduce/Send/Recv: elements of the buffer;
+/// AllGather: elements each rank contributes; ReduceScatter: elements each rank receives;
+/// AllToAll: elements sent to each peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpParam {
+    pub kind: OpKind,
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    /// Root rank (Broadcast, Reduce) or peer (Send, Recv); 0 otherwise.
+    pub root: usize,
+    /// This rank and the communicator size.
+    pub rank: usize,
+    pub world: usize,
+    /// Input and output are the same memory (at NCCL's in-place offsets).
+    pub in_place: bool,
+    /// Sequence number of the operation on its communicator.
+    pub seq: u64,
+}
+
+impl OpParam {
+    /// Bytes of one element.
+    pub fn elem(&self) -> usize {
+        self.dtype.size()
+    }
+
+    /// Input bytes.
+    pub fn input_bytes(&self) -> usize {
+        self.kind.input_count(self.count, self.world) * self.elem()
+    }
+
+    /// Output bytes.
+    pub fn output_bytes(&self) -> usize {
+        self.kind.output_count(self.count, self.world) * self.elem()
+    }
+
+    /// 32-bit fingerprint of what every participating rank must agree on (kind, count, dtype,
+    /// reduce op, root). Carried in every clear-to-send entry; a sender whose own fingerprint
+    /// differs refuses the transfer, so mismatched calls fail on every rank instead of hanging
+    /// or computing garbage. Send and Recv share a fingerprint (byte count only).
+    pub fn fingerprint(&self) -> u32 {
+        let mut h = Fnv::default();
+        match self.kind {
+            OpKind::Send | OpKind::Recv => {
+                h.add(0x5032_5000);
+                h.add((self.count * self.elem()) as u64);
+            }
+            k => {
+                h.add(k as u64);
+                h.add(self.count as u64);
+                h.add(self.dtype as u64);
+                h.add(if k.reduces() { self.op as u64 } else { 0 });
+                h.add(if k.has_root() { self.root as u64 } else { 0 });
+            }
+        }
+        let v = h.0;
+        ((v >> 32) as u32 ^ v as u32) & 0x7fff_ffff
+    }
+
+    /// One-line description for logs and mismatch reports.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "{}(count={}, {}",
+            self.kind.name(),
+            self.count,
+            self.dtype.name()
+        );
+        if self.kind.reduces() {
+            s += &format!(", {}", self.op.name());
+        }
+        if self.kind.has_root() {
+            s += &format!(", {}={}", if matches!(self.kind, OpKind::Send | OpKind::Recv) { "peer" } else { "root" }, self.root);
+        }
+        s + &format!(") #{}", self.seq)
+    }
+}
+
+/// FNV-1a over 64-bit words.
+struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    fn add(&mut self, v: u64) {
+        for b in v.to_le_bytes() {
+            self.0 ^= b as u64;
+            self.0 = self.0.wrapping_mul(0x100_0000_01b3);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(kind: OpKind, count: usize) -> OpParam {
+        OpParam {
+            kind,
+            count,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+            root: 0,
+            rank: 0,
+            world: 2,
+            in_place: false,
+            seq: 0,
+        }
+    }
+
+    #[test]
+    fn fingerprints_separate_what_must_match() {
+        let a = p(OpKind::AllReduce, 10);
+        assert_eq!(a.fingerprint(), OpParam { rank: 1, in_place: true, seq: 5, ..a }.fingerprint());
+        assert_ne!(a.fingerprint(), p(OpKind::AllReduce, 11).fingerprint());
+        assert_ne!(a.fingerprint(), p(OpKind::AllGather, 10).fingerprint());
+        assert_ne!(a.fingerprint(), OpParam { op: ReduceOp::Max, ..a }.fingerprint());
+        assert_ne!(a.fingerprint(), OpParam { dtype: DataType::I32, ..a }.fingerprint());
+        // Send and Recv of the same byte count match each other.
+        let s = OpParam { root: 1, ..p(OpKind::Send, 4) };
+        let r = OpParam { root: 0, rank: 1, ..p(OpKind::Recv, 4) };
+        assert_eq!(s.fingerprint(), r.fingerprint());
+        assert!(a.fingerprint() < 1 << 31);
+    }
+}

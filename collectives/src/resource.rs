@@ -1,0 +1,179 @@
+//! Resource requests and responses between the framework and executors (HCCL's
+//! `AlgResourceRequest` / `AlgResourceResponse`), and the task interface executors orchestrate
+//! through.
+//!
+//! Executors never see raw pointers: they address memory as [`Mem`] (a buffer kind plus an
+//! offset) and streams/notifies by index. The framework's sink resolves and bounds-checks them
+//! and enqueues real runtime tasks; the offline verifier's sink records them instead.
+
+use ampccl_runtime::{DataType, ReduceOp, Result};
+
+/// The buffers an executor can name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum BufKind {
+    /// The user's input (read-only).
+    UserIn,
+    /// The user's output.
+    UserOut,
+    /// CCL input buffer: registered window bound to the communicator (peers write into it).
+    CclIn,
+    /// CCL output buffer: registered window bound to the communicator.
+    CclOut,
+    /// Private scratch of the size the executor requested.
+    Scratch,
+}
+
+/// A position in one of the buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Mem {
+    pub buf: BufKind,
+    pub off: usize,
+}
+
+impl Mem {
+    /// Start of `buf`.
+    pub const fn of(buf: BufKind) -> Mem {
+        Mem { buf, off: 0 }
+    }
+
+    /// `bytes` further on.
+    pub const fn add(self, bytes: usize) -> Mem {
+        Mem { buf: self.buf, off: self.off + bytes }
+    }
+
+    /// True for the registered windows (memory a peer may write into).
+    pub const fn is_window(self) -> bool {
+        matches!(self.buf, BufKind::CclIn | BufKind::CclOut)
+    }
+}
+
+/// Index of a stream in an operation: [`MAIN`] or `1..=stream_num` (the slaves).
+pub type StreamId = usize;
+/// Index of a notify in an operation: `0..notify_num`.
+pub type NotifyId = usize;
+/// The main stream (the stream the user called on).
+pub const MAIN: StreamId = 0;
+
+/// One link an algorithm needs (HCCL `TransportRequest`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TransportRequest {
+    /// Build this link (links are built on demand only where valid).
+    pub is_valid: bool,
+    pub local_rank: usize,
+    pub remote_rank: usize,
+    /// Memory the local side sends from / the remote side receives into.
+    pub input_mem_type: BufKind,
+    pub output_mem_type: BufKind,
+}
+
+/// Links of one sub-communicator of a level.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SubCommRequest {
+    pub transport_requests: Vec<TransportRequest>,
+    pub is_used_rdma: bool,
+}
+
+/// What an executor needs before it can orchestrate.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AlgResourceRequest {
+    /// Bytes of private scratch.
+    pub scratch_mem_size: usize,
+    /// Slave streams besides the main stream.
+    pub stream_num: usize,
+    /// Notifies for main/slave synchronisation.
+    pub notify_num: usize,
+    /// Per level (hierarchical algorithms), per sub-communicator, the links.
+    pub op_transport: Vec<Vec<SubCommRequest>>,
+}
+
+impl AlgResourceRequest {
+    /// One flat level whose only sub-communicator links `rank` to each of `peers`.
+    pub fn with_peers(rank: usize, peers: impl IntoIterator<Item = usize>) -> AlgResourceRequest {
+        let transport_requests = peers
+            .into_iter()
+            .filter(|&p| p != rank)
+            .map(|p| TransportRequest {
+                is_valid: true,
+                local_rank: rank,
+                remote_rank: p,
+                input_mem_type: BufKind::CclIn,
+                output_mem_type: BufKind::CclIn,
+            })
+            .collect();
+        AlgResourceRequest {
+            op_transport: vec![vec![SubCommRequest { transport_requests, is_used_rdma: false }]],
+            ..Default::default()
+        }
+    }
+
+    /// Links to every other rank.
+    pub fn mesh(rank: usize, world: usize) -> AlgResourceRequest {
+        Self::with_peers(rank, 0..world)
+    }
+
+    /// Links to the ring neighbours.
+    pub fn ring(rank: usize, world: usize) -> AlgResourceRequest {
+        Self::with_peers(rank, [(rank + 1) % world, (rank + world - 1) % world])
+    }
+
+    /// Every remote rank some valid transport request names.
+    pub fn peers(&self) -> impl Iterator<Item = usize> + '_ {
+        self.op_transport
+            .iter()
+            .flatten()
+            .flat_map(|s| &s.transport_requests)
+            .filter(|t| t.is_valid)
+            .map(|t| t.remote_rank)
+    }
+}
+
+/// Where executors submit tasks. Every method checks its arguments (bounds, ids, links) and
+/// fails with `Error::Internal` on an executor bug instead of touching wrong memory.
+pub trait TaskSink {
+    /// `len` bytes from `src` to `dst`.
+    fn copy(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()>;
+    /// `dst = a op b` over `count` elements of `dtype` (`dst` may equal `a` or `b`).
+    fn reduce(&mut self, s: StreamId, dtype: DataType, op: ReduceOp, dst: Mem, a: Mem, b: Mem, count: usize) -> Result<()>;
+    /// `dst /= n` over `count` elements (the end of `Avg`).
+    fn finish_avg(&mut self, s: StreamId, dtype: DataType, dst: Mem, count: usize, n: usize) -> Result<()>;
+    /// Record notify `n` on stream `s`.
+    fn record(&mut self, s: StreamId, n: NotifyId) -> Result<()>;
+    /// Make stream `s` wait for the next record of notify `n`.
+    fn wait(&mut self, s: StreamId, n: NotifyId) -> Result<()>;
+    /// HCCL link primitives with `peer`.
+    fn tx_ack(&mut self, s: StreamId, peer: usize) -> Result<()>;
+    fn rx_ack(&mut self, s: StreamId, peer: usize) -> Result<()>;
+    fn tx_async(&mut self, s: StreamId, peer: usize, src: Mem, len: usize) -> Result<()>;
+    fn rx_async(&mut self, s: StreamId, peer: usize, dst: Mem, len: usize) -> Result<()>;
+    fn tx_wait_done(&mut self, s: StreamId, peer: usize) -> Result<()>;
+    fn rx_wait_done(&mut self, s: StreamId, peer: usize, len: usize) -> Result<()>;
+}
+
+/// The resources handed to an executor's `orchestrate`.
+pub struct AlgResourceResponse<'a> {
+    /// Bytes of each CCL buffer (the chunk bound for data routed through them).
+    pub ccl_in_size: usize,
+    pub ccl_out_size: usize,
+    pub scratch_size: usize,
+    /// Slave streams available (`1..=stream_num`) and notifies (`0..notify_num`).
+    pub stream_num: usize,
+    pub notify_num: usize,
+    /// Whether peers can receive straight into user buffers (`rx_async` into `UserOut`).
+    pub user_mem_links: bool,
+    /// Where the tasks go.
+    pub tasks: &'a mut dyn TaskSink,
+}
+
+impl AlgResourceResponse<'_> {
+    /// Whole sends/receives, for executors that do not split the primitives.
+    pub fn send(&mut self, s: StreamId, peer: usize, src: Mem, len: usize) -> Result<()> {
+        self.tasks.tx_async(s, peer, src, len)?;
+        self.tasks.tx_wait_done(s, peer)
+    }
+
+    /// See [`AlgResourceResponse::send`].
+    pub fn recv(&mut self, s: StreamId, peer: usize, dst: Mem, len: usize) -> Result<()> {
+        self.tasks.rx_async(s, peer, dst, len)?;
+        self.tasks.rx_wait_done(s, peer, len)
+    }
+}

@@ -1,0 +1,4 @@
+//! Reusable orchestration steps shared by several algorithms (HCCL's third tier).
+
+pub mod blocks;
+pub mod ring;

@@ -1,0 +1,174 @@
+//! Ring steps: reduce-scatter and allgather over `world` blocks of a round, double-buffering the
+//! receive side through two halves of the CCL input buffer.
+//!
+//! Every step posts its receive before its send, so mismatched calls are detected (the CTS
+//! carries the fingerprint) instead of deadlocking.
+
+use ampccl_runtime::Result;
+
+use crate::op::OpParam;
+use crate::resource::{AlgResourceResponse, BufKind, MAIN, Mem};
+use crate::steps::blocks::Blocks;
+
+
+/// Ring geometry and the alternating receive slots of one operation.
+pub struct Ring {
+    pub rank: usize,
+    pub world: usize,
+    pub next: usize,
+    pub prev: usize,
+    /// Bytes of one receive slot (half the CCL input buffer, whole elements).
+    pub slot_bytes: usize,
+    slot: usize,
+}
+
+impl Ring {
+    /// Ring for `p` with slots sized from `ccl_in_size`.
+    pub fn new(p: &OpParam, ccl_in_size: usize) -> Ring {
+        let e = p.elem();
+        Ring {
+            rank: p.rank,
+            world: p.world,
+            next: (p.rank + 1) % p.world,
+            prev: (p.rank + p.world - 1) % p.world,
+            slot_bytes: (ccl_in_size / 2 / e).max(1) * e,
+            slot: 0,
+        }
+    }
+
+    /// Elements per block that fit one slot.
+    pub fn slot_elems(&self, elem: usize) -> usize {
+        self.slot_bytes / elem
+    }
+
+    /// The next receive slot (alternating halves of `CclIn`).
+    pub fn next_slot(&mut self) -> Mem {
+        let m = Mem::of(BufKind::CclIn).add((self.slot % 2) * self.slot_bytes);
+        self.slot += 1;
+        m
+    }
+
+    /// Block index `rank + delta` modulo the world size.
+    pub fn block_at(&self, delta: isize) -> usize {
+        (self.rank as isize + delta).rem_euclid(self.world as isize) as usize
+    }
+}
+
+/// How the `world` blocks of a round are laid out (offsets in elements from the round's base).
+#[derive(Clone, Copy, Debug)]
+pub enum Layout {
+    /// The round's elements split into near-equal blocks (AllReduce).
+    Split(Blocks),
+    /// Blocks of `len` elements, block `j` at `j * stride` (ReduceScatter input, AllGather
+    /// output: one block per rank).
+    Strided { stride: usize, len: usize },
+}
+
+/// One round: the block layout and where it starts in the user buffers.
+#[derive(Clone, Copy, Debug)]
+pub struct Round {
+    pub layout: Layout,
+    pub base_in: Mem,
+    pub base_out: Mem,
+}
+
+impl Round {
+    /// `(offset, len)` of block `j` in elements.
+    fn block(&self, j: usize) -> (usize, usize) {
+        match self.layout {
+            Layout::Split(b) => b.block(j),
+            Layout::Strided { stride, len } => (j * stride, len),
+        }
+    }
+    /// Block `j` of the input: position and length in elements.
+    pub fn input(&self, j: usize, e: usize) -> (Mem, usize) {
+        let (off, len) = self.block(j);
+        (self.base_in.add(off * e), len)
+    }
+    /// Block `j` of the output.
+    pub fn output(&self, j: usize, e: usize) -> (Mem, usize) {
+        let (off, len) = self.block(j);
+        (self.base_out.add(off * e), len)
+    }
+}
+
+/// Ring reduce-scatter over the blocks of `round`. Partial sums travel from rank to rank;
+/// the result of block `final_block(rank)` ends in `acc(final)`, where `acc` places block `j`'s
+/// accumulator. With `acc_in_out = true` accumulators are the output blocks (AllReduce),
+/// otherwise partial sums are kept in the receive slot and only the final block is reduced
+/// into `final_out` (ReduceScatter, whose output holds one block).
+///
+/// At step `k` rank `r` sends block `r - k - 1 + shift` and receives `r - k - 2 + shift`; after
+/// `world - 1` steps rank `r` holds block `r + shift` (mod world).
+pub fn reduce_scatter(
+    p: &OpParam,
+    res: &mut AlgResourceResponse<'_>,
+    ring: &mut Ring,
+    round: &Round,
+    shift: isize,
+    final_out: Option<Mem>,
+) -> Result<()> {
+    let e = p.elem();
+    let mut prev_slot: Option<Mem> = None;
+    for k in 0..ring.world - 1 {
+        let ks = k as isize;
+        let send_j = ring.block_at(shift - ks - 1);
+        let recv_j = ring.block_at(shift - ks - 2);
+        let (_, recv_len) = round.input(recv_j, e);
+        let slot = ring.next_slot();
+        res.tasks.rx_async(MAIN, ring.prev, slot, recv_len * e)?;
+        // What we forward: our own input at the first step, then the partial sum we made.
+        let (send_src, send_len) = match (k, final_out, prev_slot) {
+            (0, _, _) => round.input(send_j, e),
+            (_, None, _) => round.output(send_j, e),
+            (_, Some(_), Some(s)) => (s, round.input(send_j, e).1),
+            (_, Some(_), None) => unreachable!("slot set after the first step"),
+        };
+        res.tasks.tx_async(MAIN, ring.next, send_src, send_len * e)?;
+        res.tasks.rx_wait_done(MAIN, ring.prev, recv_len * e)?;
+        let (own, _) = round.input(recv_j, e);
+        let last = k == ring.world - 2;
+        let dst = match final_out {
+            None => round.output(recv_j, e).0,
+            Some(out) if last => out,
+            Some(_) => slot,
+        };
+        res.tasks.reduce(MAIN, p.dtype, p.op, dst, own, slot, recv_len)?;
+        res.tasks.tx_wait_done(MAIN, ring.next)?;
+        prev_slot = Some(slot);
+    }
+    Ok(())
+}
+
+/// Ring allgather over the output blocks of `round`: rank `r` starts owning block
+/// `r + shift`; after `world - 1` steps every rank has every block in the output.
+pub fn all_gather(
+    p: &OpParam,
+    res: &mut AlgResourceResponse<'_>,
+    ring: &mut Ring,
+    round: &Round,
+    shift: isize,
+) -> Result<()> {
+    let e = p.elem();
+    for k in 0..ring.world - 1 {
+        let ks = k as isize;
+        let send_j = ring.block_at(shift - ks);
+        let recv_j = ring.block_at(shift - ks - 1);
+        let (dst, recv_len) = round.output(recv_j, e);
+        let (src, send_len) = round.output(send_j, e);
+        let bytes = recv_len * e;
+        if res.user_mem_links {
+            res.tasks.rx_async(MAIN, ring.prev, dst, bytes)?;
+            res.tasks.tx_async(MAIN, ring.next, src, send_len * e)?;
+            res.tasks.rx_wait_done(MAIN, ring.prev, bytes)?;
+        } else {
+            let slot = ring.next_slot();
+            res.tasks.rx_async(MAIN, ring.prev, slot, bytes)?;
+            res.tasks.tx_async(MAIN, ring.next, src, send_len * e)?;
+            res.tasks.rx_wait_done(MAIN, ring.prev, bytes)?;
+            res.tasks.copy(MAIN, dst, slot, bytes)?;
+        }
+        res.tasks.tx_wait_done(MAIN, ring.next)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,69 @@
+//! The one-sided "RMA device" interface the receiver-driven protocol runs over.
+//!
+//! A device connects the local rank to every peer of a communicator and offers what an RDMA
+//! NIC offers (seed 004): memory a peer may write into is named by `(key, addr)`; a one-sided
+//! write; a write-with-immediate whose immediate and length land in the receiver's completion
+//! slot; and the clear-to-send FIFO, which the receiver fills in the sender's memory with one
+//! remote write. The shared-memory provider implements it with stores into mapped segments
+//! (or cross-memory attach), a verbs provider would post RDMA WRITE / WRITE_WITH_IMM.
+
+use ampccl_runtime::Result;
+
+/// Clear-to-send entry: where and how much the receiver accepts (NCCL's FIFO layout).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtsEntry {
+    /// Address in the receiver's memory (meaning depends on `key`).
+    pub addr: u64,
+    /// Bytes the receiver accepts.
+    pub size: u64,
+    /// Memory key the device resolves (`rkey` on RDMA).
+    pub key: u32,
+    /// Number of writes the sender splits the data into (striping over channels).
+    pub nreqs: u32,
+    /// Operation fingerprint; the sender refuses a CTS whose tag differs from its own.
+    pub tag: u32,
+    /// Sequence number + 1 of this receive; written last, marks the entry valid.
+    pub idx: u32,
+}
+
+/// Immediate value flag: the sender failed this transfer (e.g. a tag mismatch) and tells the
+/// receiver so instead of hanging it.
+pub const IMM_ERROR: u32 = 1 << 31;
+
+/// A one-sided communication device between the local rank and its peers.
+pub trait RmaDevice: Send + Sync {
+    /// Depth of each clear-to-send FIFO (and completion ring).
+    fn fifo_depth(&self) -> usize;
+    /// Number of writes a transfer is striped into.
+    fn channels(&self) -> usize;
+    /// Names local memory `[ptr, ptr+len)` for peers as `(key, addr)`, or `None` when peers
+    /// cannot write it (not inside a registered window, and no way to write user memory).
+    fn expose(&self, ptr: *mut u8, len: usize) -> Option<(u32, u64)>;
+    /// True when [`RmaDevice::expose`] accepts any local memory, not only registered windows.
+    fn exposes_user_memory(&self) -> bool;
+    /// Writes `entry` into `peer`'s FIFO slot `slot` (the `idx` field last, with release).
+    fn post_cts(&self, peer: usize, slot: usize, entry: &CtsEntry) -> Result<()>;
+    /// Our FIFO slot `slot` (written by `peer`) if its `idx` equals `idx`.
+    fn poll_cts(&self, peer: usize, slot: usize, idx: u32) -> Option<CtsEntry>;
+    /// One-sided write of local `[src, src+len)` to `peer`'s `(key, addr)`.
+    ///
+    /// # Safety
+    /// `src` must be valid for `len` reads.
+    unsafe fn write(&self, peer: usize, src: *const u8, len: usize, key: u32, addr: u64) -> Result<()>;
+    /// Delivers the immediate `imm` and byte count `len` to `peer`'s completion slot `slot`,
+    /// ordered after every earlier write to that peer.
+    fn write_imm(&self, peer: usize, slot: usize, imm: u32, len: u64) -> Result<()>;
+    /// Our completion slot `slot` written by `peer`: `(imm, len)` if `imm & !IMM_ERROR == want`.
+    fn poll_imm(&self, peer: usize, slot: usize, want: u32) -> Option<(u32, u64)>;
+    /// Adds one to `peer`'s ack counter for us (HCCL `TxAck`).
+    fn post_ack(&self, peer: usize) -> Result<()>;
+    /// Acks `peer` has sent us so far.
+    fn acks(&self, peer: usize) -> u32;
+    /// Error if `peer` is known to be dead or failed.
+    fn peer_health(&self, peer: usize) -> Result<()>;
+    /// "rank 3 (pid 1234)" for messages.
+    fn peer_desc(&self, peer: usize) -> String;
+    /// The operation `peer` says it is running (for mismatch messages), if known.
+    fn peer_op(&self, peer: usize) -> Option<String>;
+}

@@ -1,0 +1,189 @@
+//! `Link`: HCCL's link primitives between the local rank and one peer, as stream tasks.
+//!
+//! `tx_ack`/`rx_ack` exchange readiness; `rx_async` posts a clear-to-send for a local buffer;
+//! `tx_async` writes into the buffer the peer posted (receiver-driven, see
+//! [`crate::protocol`]); `tx_wait_done`/`rx_wait_done` complete them. Sequence numbers are taken
+//! when an operation is enqueued, so a link's operations must be enqueued in the order the two
+//! sides agree on (as with NCCL, issue order defines matching).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::task::Poll;
+
+use ampccl_runtime::stream::Stream;
+use ampccl_runtime::task::{LinkDriver, LinkOp, Task};
+use ampccl_runtime::Result;
+
+use crate::device::RmaDevice;
+use crate::protocol;
+
+/// Issue-order counters of one direction of a link.
+#[derive(Default)]
+struct Counters {
+    /// Next sequence number of an async operation.
+    issued: AtomicU32,
+    /// Next sequence number of a wait-done operation.
+    waited: AtomicU32,
+}
+
+/// A link from the local rank to `peer` over a device.
+pub struct Link {
+    dev: Arc<dyn RmaDevice>,
+    peer: usize,
+    tx: Counters,
+    rx: Counters,
+    tx_acks: AtomicU32,
+    rx_acks: AtomicU32,
+    /// Receives completed (frees FIFO slots); updated by the driver.
+    rx_completed: AtomicU32,
+    /// Sends completed.
+    tx_completed: AtomicU32,
+}
+
+impl Link {
+    /// A link to `peer`.
+    pub fn new(dev: Arc<dyn RmaDevice>, peer: usize) -> Arc<Link> {
+        Arc::new(Link {
+            dev,
+            peer,
+            tx: Counters::default(),
+            rx: Counters::default(),
+            tx_acks: AtomicU32::new(0),
+            rx_acks: AtomicU32::new(0),
+            rx_completed: AtomicU32::new(0),
+            tx_completed: AtomicU32::new(0),
+        })
+    }
+
+    /// The peer's rank.
+    pub fn peer(&self) -> usize {
+        self.peer
+    }
+
+    /// True when `rx_async` accepts any local memory (e.g. cross-memory attach), not only
+    /// registered windows.
+    pub fn receives_into_user_memory(&self) -> bool {
+        self.dev.exposes_user_memory()
+    }
+
+    fn push(self: &Arc<Self>, s: &Stream, op: LinkOp) {
+        // SAFETY: the pointers inside `op` were guaranteed by the callers below.
+        unsafe { s.enqueue(Task::Link { link: self.clone(), op }) }
+    }
+
+    /// Tells the peer we are ready (HCCL `TxAck`).
+    pub fn tx_ack(self: &Arc<Self>, s: &Stream) {
+        let seq = self.tx_acks.fetch_add(1, Ordering::Relaxed);
+        self.push(s, LinkOp::TxAck { seq });
+    }
+
+    /// Waits for the peer's next ack (HCCL `RxAck`).
+    pub fn rx_ack(self: &Arc<Self>, s: &Stream) {
+        let seq = self.rx_acks.fetch_add(1, Ordering::Relaxed);
+        self.push(s, LinkOp::RxAck { seq });
+    }
+
+    /// Sends `len` bytes at `src` into the peer's next posted receive.
+    ///
+    /// # Safety
+    /// `src` must stay valid and unmodified until the matching `tx_wait_done` completes.
+    pub unsafe fn tx_async(self: &Arc<Self>, s: &Stream, src: *const u8, len: usize, tag: u32) {
+        let seq = self.tx.issued.fetch_add(1, Ordering::Relaxed);
+        self.push(s, LinkOp::TxAsync { seq, src, len, tag });
+    }
+
+    /// Posts a receive of exactly `len` bytes into `dst`.
+    ///
+    /// # Safety
+    /// `dst` must stay valid and untouched until the matching `rx_wait_done` completes, and be
+    /// inside a registered window unless [`Link::receives_into_user_memory`].
+    pub unsafe fn rx_async(self: &Arc<Self>, s: &Stream, dst: *mut u8, len: usize, tag: u32) {
+        let seq = self.rx.issued.fetch_add(1, Ordering::Relaxed);
+        self.push(s, LinkOp::RxAsync { seq, dst, len, tag });
+    }
+
+    /// Completes the oldest outstanding send.
+    pub fn tx_wait_done(self: &Arc<Self>, s: &Stream) {
+        let seq = self.tx.waited.fetch_add(1, Ordering::Relaxed);
+        self.push(s, LinkOp::TxWaitDone { seq });
+    }
+
+    /// Completes the oldest outstanding receive, which must carry `len` bytes.
+    pub fn rx_wait_done(self: &Arc<Self>, s: &Stream, len: usize) {
+        let seq = self.rx.waited.fetch_add(1, Ordering::Relaxed);
+        self.push(s, LinkOp::RxWaitDone { seq, len });
+    }
+
+    /// Convenience: a whole send (`tx_async` + `tx_wait_done`).
+    ///
+    /// # Safety
+    /// As [`Link::tx_async`].
+    pub unsafe fn send(self: &Arc<Self>, s: &Stream, src: *const u8, len: usize, tag: u32) {
+        // SAFETY: forwarded.
+        unsafe { self.tx_async(s, src, len, tag) };
+        self.tx_wait_done(s);
+    }
+
+    /// Convenience: a whole receive (`rx_async` + `rx_wait_done`).
+    ///
+    /// # Safety
+    /// As [`Link::rx_async`].
+    pub unsafe fn recv(self: &Arc<Self>, s: &Stream, dst: *mut u8, len: usize, tag: u32) {
+        // SAFETY: forwarded.
+        unsafe { self.rx_async(s, dst, len, tag) };
+        self.rx_wait_done(s, len);
+    }
+}
+
+impl LinkDriver for Link {
+    fn poll_op(&self, op: &mut LinkOp) -> Poll<Result<()>> {
+        let dev = &*self.dev;
+        match *op {
+            LinkOp::TxAck { .. } => Poll::Ready(dev.post_ack(self.peer)),
+            LinkOp::RxAck { seq } => {
+                if (dev.acks(self.peer).wrapping_sub(seq.wrapping_add(1)) as i32) >= 0 {
+                    Poll::Ready(Ok(()))
+                } else {
+                    Poll::Pending
+                }
+            }
+            LinkOp::RxAsync { seq, dst, len, tag } => {
+                let done = self.rx_completed.load(Ordering::Acquire);
+                protocol::post_recv(dev, self.peer, seq, done, dst, len, tag)
+            }
+            LinkOp::TxAsync { seq, src, len, tag } => {
+                // SAFETY: `src` valid by the `tx_async` contract.
+                let r = unsafe { protocol::try_send(dev, self.peer, seq, src, len, tag) };
+                if r.is_ready() {
+                    // Device writes are complete once issued (shared memory); a device with
+                    // asynchronous completions would advance this from its completion queue.
+                    self.tx_completed.store(seq.wrapping_add(1), Ordering::Release);
+                }
+                r
+            }
+            LinkOp::TxWaitDone { seq } => {
+                let done = self.tx_completed.load(Ordering::Acquire);
+                if (done.wrapping_sub(seq.wrapping_add(1)) as i32) >= 0 {
+                    Poll::Ready(Ok(()))
+                } else {
+                    Poll::Pending
+                }
+            }
+            LinkOp::RxWaitDone { seq, len } => {
+                let r = protocol::poll_recv(dev, self.peer, seq, len);
+                if r.is_ready() {
+                    self.rx_completed.store(seq.wrapping_add(1), Ordering::Release);
+                }
+                r
+            }
+        }
+    }
+
+    fn check_health(&self) -> Result<()> {
+        self.dev.peer_health(self.peer)
+    }
+
+    fn peer_desc(&self) -> String {
+        self.dev.peer_desc(self.peer)
+    }
+}

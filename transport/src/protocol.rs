@@ -1,0 +1,209 @@
+//! The receiver-driven point-to-point protocol (NCCL's IB transport, seed 004), once, over any
+//! [`RmaDevice`].
+//!
+//! - receive number `seq`: the receiver names its buffer and posts a clear-to-send entry
+//!   `{addr, size, key, nreqs, tag, idx = seq + 1}` into slot `seq % depth` of the sender's FIFO;
+//!   it may do so only when receive `seq - depth` has completed (so the slot and the matching
+//!   completion slot are free);
+//! - send number `seq`: the sender waits until its FIFO slot shows `idx == seq + 1`, checks the
+//!   tag and size, writes the data into the receiver's buffer striped over `nreqs` writes, the
+//!   last one carrying the immediate `seq + 1` and the length;
+//! - the receiver completes when its completion slot shows that immediate.
+//!
+//! Every step is a non-blocking poll returning `Pending` until it can act, so the same code runs
+//! under the stream engine, in unit tests against an in-memory device, and under loom.
+
+use std::task::Poll;
+
+use ampccl_runtime::{Error, Result};
+
+use crate::device::{CtsEntry, IMM_ERROR, RmaDevice};
+
+/// Sequence numbers live in 31 bits (the top immediate bit is the error flag).
+const SEQ_MASK: u32 = !IMM_ERROR;
+
+fn idx_of(seq: u32) -> u32 {
+    seq.wrapping_add(1) & SEQ_MASK
+}
+
+/// Posts receive `seq` for `len` bytes at `dst`, once `completed` receives (from this peer)
+/// leave its FIFO slot free.
+pub fn post_recv(
+    dev: &dyn RmaDevice,
+    peer: usize,
+    seq: u32,
+    completed: u32,
+    dst: *mut u8,
+    len: usize,
+    tag: u32,
+) -> Poll<Result<()>> {
+    let depth = dev.fifo_depth() as u32;
+    if seq.wrapping_sub(completed) >= depth {
+        return Poll::Pending;
+    }
+    let Some((key, addr)) = dev.expose(dst, len) else {
+        return Poll::Ready(Err(Error::Internal(format!(
+            "receive buffer {dst:p}+{len} is not in a registered window"
+        ))));
+    };
+    let entry = CtsEntry {
+        addr,
+        size: len as u64,
+        key,
+        nreqs: dev.channels().clamp(1, 1 + len as u32 / MIN_STRIPE),
+        tag,
+        idx: idx_of(seq),
+    };
+    Poll::Ready(dev.post_cts(peer, (seq % depth) as usize, &entry))
+}
+
+/// Smallest piece a transfer is striped into.
+const MIN_STRIPE: u32 = 64 * 1024;
+
+/// Sends `len` bytes from `src` as send `seq`, once the receiver's clear-to-send is there.
+///
+/// # Safety
+/// `src` must be valid for `len` reads.
+pub unsafe fn try_send(
+    dev: &dyn RmaDevice,
+    peer: usize,
+    seq: u32,
+    src: *const u8,
+    len: usize,
+    tag: u32,
+) -> Poll<Result<()>> {
+    let slot = (seq % dev.fifo_depth() as u32) as usize;
+    let Some(cts) = dev.poll_cts(peer, slot, idx_of(seq)) else { return Poll::Pending };
+    let fail = |e: Error| {
+        // Tell the receiver instead of leaving it waiting, then report locally.
+        let _ = dev.write_imm(peer, slot, idx_of(seq) | IMM_ERROR, 0);
+        Poll::Ready(Err(e))
+    };
+    if cts.tag != tag {
+        let theirs = dev.peer_op(peer).unwrap_or_else(|| format!("tag {:#x}", cts.tag));
+        return fail(Error::InvalidUsage(format!(
+            "operation mismatch: {} is running {theirs}, which does not match this rank's \
+             operation (tag {tag:#x})",
+            dev.peer_desc(peer)
+        )));
+    }
+    if len as u64 != cts.size {
+        return fail(Error::InvalidUsage(format!(
+            "size mismatch: {} expects {} bytes, this rank sends {len}",
+            dev.peer_desc(peer),
+            cts.size
+        )));
+    }
+    let n = cts.nreqs.max(1) as usize;
+    let stripe = len.div_ceil(n).next_multiple_of(64).max(1);
+    let mut off = 0;
+    while off < len {
+        let piece = stripe.min(len - off);
+        // SAFETY: off + piece <= len, valid by the caller's contract.
+        if let Err(e) = unsafe { dev.write(peer, src.add(off), piece, cts.key, cts.addr + off as u64) } {
+            return fail(e);
+        }
+        off += piece;
+    }
+    Poll::Ready(dev.write_imm(peer, slot, idx_of(seq), len as u64))
+}
+
+/// Completes receive `seq` once its immediate has arrived; it must carry exactly `len` bytes.
+pub fn poll_recv(dev: &dyn RmaDevice, peer: usize, seq: u32, len: usize) -> Poll<Result<()>> {
+    let slot = (seq % dev.fifo_depth() as u32) as usize;
+    let Some((imm, got)) = dev.poll_imm(peer, slot, idx_of(seq)) else { return Poll::Pending };
+    if imm & IMM_ERROR != 0 {
+        return Poll::Ready(Err(Error::Remote(format!(
+            "{} failed the transfer (it reported a mismatch or an error)",
+            dev.peer_desc(peer)
+        ))));
+    }
+    if got != len as u64 {
+        return Poll::Ready(Err(Error::InvalidUsage(format!(
+            "{} sent {got} bytes, this rank expected {len}",
+            dev.peer_desc(peer)
+        ))));
+    }
+    Poll::Ready(Ok(()))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::testdev::PairDevice;
+
+    fn ready<T>(p: Poll<T>) -> T {
+        match p {
+            Poll::Ready(v) => v,
+            Poll::Pending => panic!("unexpectedly pending"),
+        }
+    }
+
+    #[test]
+    fn receiver_drives_the_transfer() {
+        let (a, b) = PairDevice::pair(4, 4096);
+        let src: Vec<u8> = (0..300u32).map(|i| i as u8).collect();
+        // Sender cannot go before the clear-to-send.
+        // SAFETY: src is valid.
+        assert!(unsafe { try_send(&a, 1, 0, src.as_ptr(), 300, 7) }.is_pending());
+        assert!(poll_recv(&b, 0, 0, 300).is_pending());
+        let dst = b.window_ptr(100);
+        ready(post_recv(&b, 0, 0, 0, dst, 300, 7)).unwrap();
+        // SAFETY: src is valid.
+        ready(unsafe { try_send(&a, 1, 0, src.as_ptr(), 300, 7) }).unwrap();
+        ready(poll_recv(&b, 0, 0, 300)).unwrap();
+        assert_eq!(b.window(100, 300), src);
+    }
+
+    #[test]
+    fn fifo_flow_control_and_wraparound() {
+        let (a, b) = PairDevice::pair(4, 4096);
+        let mut completed = 0u32;
+        for seq in 0..20u32 {
+            let dst = b.window_ptr((seq as usize % 4) * 8);
+            if seq >= 4 {
+                // The slot of receive seq - 4 is still in use until that receive completes.
+                assert!(post_recv(&b, 0, seq, seq - 4, dst, 8, 1).is_pending());
+            }
+            while seq.wrapping_sub(completed) >= 4 {
+                ready(poll_recv(&b, 0, completed, 8)).unwrap();
+                completed += 1;
+            }
+            ready(post_recv(&b, 0, seq, completed, dst, 8, 1)).unwrap();
+            let data = [seq as u8; 8];
+            // SAFETY: data is valid.
+            ready(unsafe { try_send(&a, 1, seq, data.as_ptr(), 8, 1) }).unwrap();
+        }
+        while completed < 20 {
+            ready(poll_recv(&b, 0, completed, 8)).unwrap();
+            completed += 1;
+        }
+        assert_eq!(b.window(3 * 8, 8), vec![19u8; 8]);
+    }
+
+    #[test]
+    fn tag_or_size_mismatch_fails_both_sides() {
+        let (a, b) = PairDevice::pair(4, 4096);
+        let dst = b.window_ptr(0);
+        ready(post_recv(&b, 0, 0, 0, dst, 16, 1)).unwrap();
+        let data = [0u8; 16];
+        // SAFETY: data is valid.
+        let e = ready(unsafe { try_send(&a, 1, 0, data.as_ptr(), 16, 2) }).unwrap_err();
+        assert!(matches!(e, Error::InvalidUsage(ref m) if m.contains("mismatch")), "{e}");
+        let e = ready(poll_recv(&b, 0, 0, 16)).unwrap_err();
+        assert!(matches!(e, Error::Remote(_)), "{e}");
+
+        ready(post_recv(&b, 0, 1, 1, dst, 16, 1)).unwrap();
+        // SAFETY: data is valid.
+        let e = ready(unsafe { try_send(&a, 1, 1, data.as_ptr(), 8, 1) }).unwrap_err();
+        assert!(matches!(e, Error::InvalidUsage(ref m) if m.contains("expects 16")), "{e}");
+    }
+
+    #[test]
+    fn unregistered_receive_buffer_is_refused() {
+        let (_a, b) = PairDevice::pair(4, 64);
+        let mut private = [0u8; 8];
+        let e = ready(post_recv(&b, 0, 0, 0, private.as_mut_ptr(), 8, 1)).unwrap_err();
+        assert!(matches!(e, Error::Internal(_)));
+    }
+}

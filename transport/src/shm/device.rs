@@ -1,0 +1,214 @@
+//! The shared-memory [`RmaDevice`]: every rank maps every peer's segment; a one-sided write is a
+//! single copy into the peer's registered window (or, with cross-memory attach, straight into
+//! the peer's user buffer), the immediate and the CTS are atomic stores into the peer's control
+//! block, and each of them rings the peer's doorbell.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use ampccl_runtime::doorbell::{Doorbell, DoorbellWords};
+use ampccl_runtime::{Error, Result};
+
+use super::layout::*;
+use super::segment::Segment;
+use crate::device::{CtsEntry, IMM_ERROR, RmaDevice};
+use crate::shm::cma;
+
+/// Memory keys of CTS entries.
+const KEY_WINDOW: u32 = 1;
+const KEY_USER: u32 = 2;
+
+/// Connected shared-memory device of one rank.
+pub struct ShmDevice {
+    rank: usize,
+    layout: Layout,
+    pids: Vec<u32>,
+    /// Segments of every rank, index = rank (ours included); they keep `views` mapped.
+    _segs: Vec<Arc<Segment>>,
+    views: Vec<View>,
+    bells: Vec<Doorbell>,
+    cma: bool,
+}
+
+impl ShmDevice {
+    pub(super) fn new(rank: usize, layout: Layout, pids: Vec<u32>, segs: Vec<Arc<Segment>>, cma: bool) -> ShmDevice {
+        let views: Vec<View> = segs.iter().map(|s| View { base: s.as_ptr(), len: s.len() }).collect();
+        let bells = views
+            .iter()
+            .zip(&segs)
+            .map(|(v, s)| {
+                // SAFETY: the doorbell words lie in the header of a mapping kept alive by `s`.
+                unsafe {
+                    Doorbell::from_shared(v.base.add(H_DOORBELL).cast::<DoorbellWords>(), s.clone())
+                }
+            })
+            .collect();
+        ShmDevice { rank, layout, pids, _segs: segs, views, bells, cma }
+    }
+
+    /// Our own doorbell (peers ring it when they write to us).
+    pub fn doorbell(&self) -> Doorbell {
+        self.bells[self.rank].clone()
+    }
+
+    /// Our registered window: `(base pointer, length)`.
+    pub fn window(&self) -> (*mut u8, usize) {
+        let v = &self.views[self.rank];
+        // SAFETY: the window offset lies inside our mapping.
+        (unsafe { v.base.add(self.layout.window_off()) }, self.layout.window)
+    }
+
+    /// Whether cross-memory attach is in use.
+    pub fn uses_cma(&self) -> bool {
+        self.cma
+    }
+
+    /// Publishes a description of the operation this rank is running (for mismatch messages).
+    pub fn set_op(&self, desc: &str) {
+        self.views[self.rank].put_text(H_OP, desc);
+    }
+
+    /// Marks this rank failed so peers stop waiting for it.
+    pub fn mark_failed(&self, msg: &str) {
+        let me = &self.views[self.rank];
+        me.put_text(H_FAIL_MSG, msg);
+        me.u32(H_FAILED).store(1, Ordering::Release);
+        for (r, b) in self.bells.iter().enumerate() {
+            if r != self.rank {
+                b.ring();
+            }
+        }
+    }
+
+    /// Error naming the first peer that marked itself failed.
+    pub fn check_peers_failed(&self) -> Result<()> {
+        for (r, v) in self.views.iter().enumerate() {
+            if r != self.rank && v.u32(H_FAILED).load(Ordering::Acquire) != 0 {
+                let msg = v.get_text(H_FAIL_MSG).unwrap_or_default();
+                return Err(Error::Remote(format!("{} failed: {msg}", self.peer_desc(r))));
+            }
+        }
+        Ok(())
+    }
+
+    fn mine(&self) -> &View {
+        &self.views[self.rank]
+    }
+}
+
+impl RmaDevice for ShmDevice {
+    fn fifo_depth(&self) -> usize {
+        self.layout.depth
+    }
+
+    fn channels(&self) -> usize {
+        1
+    }
+
+    fn expose(&self, ptr: *mut u8, len: usize) -> Option<(u32, u64)> {
+        let (base, wlen) = self.window();
+        if let Some(off) = (ptr as usize).checked_sub(base as usize)
+            && off + len <= wlen
+        {
+            return Some((KEY_WINDOW, (self.layout.window_off() + off) as u64));
+        }
+        self.cma.then_some((KEY_USER, ptr as u64))
+    }
+
+    fn exposes_user_memory(&self) -> bool {
+        self.cma
+    }
+
+    fn post_cts(&self, peer: usize, slot: usize, entry: &CtsEntry) -> Result<()> {
+        // Our CTS for receives from `peer` lives in `peer`'s segment, in the block we write.
+        self.views[peer].put_cts(self.layout.cts(self.rank, slot), entry);
+        self.bells[peer].ring();
+        Ok(())
+    }
+
+    fn poll_cts(&self, peer: usize, slot: usize, idx: u32) -> Option<CtsEntry> {
+        self.mine().get_cts(self.layout.cts(peer, slot), idx)
+    }
+
+    unsafe fn write(&self, peer: usize, src: *const u8, len: usize, key: u32, addr: u64) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        match key {
+            KEY_WINDOW => {
+                let v = &self.views[peer];
+                let off = addr as usize;
+                let win = self.layout.window_off();
+                if off < win || off.checked_add(len).is_none_or(|end| end > v.len) {
+                    return Err(Error::Remote(format!(
+                        "{} posted a receive outside its window ({off}+{len})",
+                        self.peer_desc(peer)
+                    )));
+                }
+                // SAFETY: bounds checked against the peer's mapping; `src` valid by contract;
+                // the receiver does not touch the buffer until our immediate arrives.
+                unsafe { std::ptr::copy_nonoverlapping(src, v.base.add(off), len) };
+                Ok(())
+            }
+            KEY_USER if self.pids[peer] == std::process::id() => {
+                // A rank of this same process (thread mode): its address is ours.
+                // SAFETY: the peer exposed this range for exactly this receive and does not
+                // touch it until our immediate arrives; `src` is valid by contract.
+                unsafe { std::ptr::copy_nonoverlapping(src, addr as usize as *mut u8, len) };
+                Ok(())
+            }
+            KEY_USER => {
+                // SAFETY: `src` valid for `len` by contract.
+                let data = unsafe { std::slice::from_raw_parts(src, len) };
+                cma::write(self.pids[peer], data, addr as usize)
+            }
+            k => Err(Error::Remote(format!("{} sent unknown memory key {k}", self.peer_desc(peer)))),
+        }
+    }
+
+    fn write_imm(&self, peer: usize, slot: usize, imm: u32, len: u64) -> Result<()> {
+        let v = &self.views[peer];
+        let off = self.layout.imm(self.rank, slot);
+        v.u64(off + 8).store(len, Ordering::Relaxed);
+        v.u32(off).store(imm, Ordering::Release);
+        self.bells[peer].ring();
+        Ok(())
+    }
+
+    fn poll_imm(&self, peer: usize, slot: usize, want: u32) -> Option<(u32, u64)> {
+        let v = self.mine();
+        let off = self.layout.imm(peer, slot);
+        let imm = v.u32(off).load(Ordering::Acquire);
+        (imm & !IMM_ERROR == want).then(|| (imm, v.u64(off + 8).load(Ordering::Relaxed)))
+    }
+
+    fn post_ack(&self, peer: usize) -> Result<()> {
+        self.views[peer].u32(self.layout.ack(self.rank)).fetch_add(1, Ordering::Release);
+        self.bells[peer].ring();
+        Ok(())
+    }
+
+    fn acks(&self, peer: usize) -> u32 {
+        self.mine().u32(self.layout.ack(peer)).load(Ordering::Acquire)
+    }
+
+    fn peer_health(&self, peer: usize) -> Result<()> {
+        self.check_peers_failed()?;
+        let pid = self.pids[peer];
+        match rustix::process::Pid::from_raw(pid as i32) {
+            Some(p) if rustix::process::test_kill_process(p).is_err() => Err(Error::Remote(format!(
+                "{} is dead (its process no longer exists)",
+                self.peer_desc(peer)
+            ))),
+            _ => Ok(()),
+        }
+    }
+
+    fn peer_desc(&self, peer: usize) -> String {
+        format!("rank {peer} (pid {})", self.pids[peer])
+    }
+
+    fn peer_op(&self, peer: usize) -> Option<String> {
+        self.views[peer].get_text(H_OP)
+    }
+}

@@ -1,0 +1,159 @@
+//! Byte layout of a rank's shared-memory segment.
+//!
+//! ```text
+//! 0      header (one page): magic, version, rank, world, pid, doorbell, failure flag and
+//!        message, current-operation description, CMA probe word
+//! 4096   control block from peer 0, from peer 1, ... (one per rank, page-rounded):
+//!          CTS FIFO    depth x 32 B   written by that peer as receiver, read by us as sender
+//!          completions depth x 16 B   written by that peer as sender (imm, len)
+//!          ack counter 4 B            bumped by that peer (TxAck)
+//! ...    window: the communicator's registered CCL buffers (page-aligned)
+//! ```
+//! Every field a peer writes is accessed atomically; a field is written by exactly one rank.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crate::device::CtsEntry;
+
+pub const MAGIC: u64 = u64::from_le_bytes(*b"ampcclsh");
+pub const VERSION: u32 = 1;
+const PAGE: usize = 4096;
+
+// Header offsets.
+pub const H_MAGIC: usize = 0;
+pub const H_VERSION: usize = 8;
+pub const H_RANK: usize = 12;
+pub const H_WORLD: usize = 16;
+pub const H_PID: usize = 20;
+pub const H_DOORBELL: usize = 64;
+pub const H_FAILED: usize = 128;
+pub const H_PROBE: usize = 192;
+/// Seqlock-protected text areas: a sequence word followed by the bytes.
+pub const H_OP: usize = 256;
+pub const H_FAIL_MSG: usize = 1024;
+pub const TEXT_LEN: usize = 504;
+
+const CTS_SIZE: usize = 32;
+const IMM_SIZE: usize = 16;
+
+/// Sizes that define a segment.
+#[derive(Clone, Copy, Debug)]
+pub struct Layout {
+    pub world: usize,
+    pub depth: usize,
+    pub window: usize,
+}
+
+impl Layout {
+    fn ctrl_size(&self) -> usize {
+        (self.depth * (CTS_SIZE + IMM_SIZE) + 64).next_multiple_of(PAGE)
+    }
+    /// Offset of the control block written by `peer`.
+    pub fn ctrl(&self, peer: usize) -> usize {
+        PAGE + peer * self.ctrl_size()
+    }
+    pub fn cts(&self, peer: usize, slot: usize) -> usize {
+        self.ctrl(peer) + slot * CTS_SIZE
+    }
+    pub fn imm(&self, peer: usize, slot: usize) -> usize {
+        self.ctrl(peer) + self.depth * CTS_SIZE + slot * IMM_SIZE
+    }
+    pub fn ack(&self, peer: usize) -> usize {
+        self.ctrl(peer) + self.depth * (CTS_SIZE + IMM_SIZE)
+    }
+    pub fn window_off(&self) -> usize {
+        PAGE + self.world * self.ctrl_size()
+    }
+    pub fn total(&self) -> usize {
+        self.window_off() + self.window.next_multiple_of(PAGE)
+    }
+}
+
+/// Raw view of one mapped segment (ours or a peer's).
+#[derive(Clone, Copy)]
+pub struct View {
+    pub base: *mut u8,
+    pub len: usize,
+}
+
+// SAFETY: a view is an address into a mapping the owner keeps alive; all shared fields are
+// accessed atomically.
+unsafe impl Send for View {}
+// SAFETY: as above.
+unsafe impl Sync for View {}
+
+impl View {
+    pub fn u32(&self, off: usize) -> &AtomicU32 {
+        debug_assert!(off % 4 == 0 && off + 4 <= self.len);
+        // SAFETY: in bounds of the mapping, aligned, and only ever accessed atomically.
+        unsafe { AtomicU32::from_ptr(self.base.add(off).cast()) }
+    }
+    pub fn u64(&self, off: usize) -> &AtomicU64 {
+        debug_assert!(off % 8 == 0 && off + 8 <= self.len);
+        // SAFETY: as for `u32`.
+        unsafe { AtomicU64::from_ptr(self.base.add(off).cast()) }
+    }
+
+    /// Stores a CTS entry, `idx` last with release.
+    pub fn put_cts(&self, off: usize, e: &CtsEntry) {
+        self.u64(off).store(e.addr, Ordering::Relaxed);
+        self.u64(off + 8).store(e.size, Ordering::Relaxed);
+        self.u32(off + 16).store(e.key, Ordering::Relaxed);
+        self.u32(off + 20).store(e.nreqs, Ordering::Relaxed);
+        self.u32(off + 24).store(e.tag, Ordering::Relaxed);
+        self.u32(off + 28).store(e.idx, Ordering::Release);
+    }
+
+    /// Loads a CTS entry if its `idx` equals `idx` (acquire).
+    pub fn get_cts(&self, off: usize, idx: u32) -> Option<CtsEntry> {
+        if self.u32(off + 28).load(Ordering::Acquire) != idx {
+            return None;
+        }
+        Some(CtsEntry {
+            addr: self.u64(off).load(Ordering::Relaxed),
+            size: self.u64(off + 8).load(Ordering::Relaxed),
+            key: self.u32(off + 16).load(Ordering::Relaxed),
+            nreqs: self.u32(off + 20).load(Ordering::Relaxed),
+            tag: self.u32(off + 24).load(Ordering::Relaxed),
+            idx,
+        })
+    }
+
+    /// Writes `text` into the seqlock text area at `off`.
+    pub fn put_text(&self, off: usize, text: &str) {
+        let seq = self.u32(off);
+        let s = seq.load(Ordering::Relaxed);
+        seq.store(s.wrapping_add(1), Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        let bytes = text.as_bytes();
+        let n = bytes.len().min(TEXT_LEN - 4);
+        self.u32(off + 4).store(n as u32, Ordering::Relaxed);
+        for (i, chunk) in bytes[..n].chunks(8).enumerate() {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.u64(off + 8 + i * 8).store(u64::from_le_bytes(w), Ordering::Relaxed);
+        }
+        seq.store(s.wrapping_add(2), Ordering::Release);
+    }
+
+    /// Reads the seqlock text area at `off` (`None` if never written or torn twice).
+    pub fn get_text(&self, off: usize) -> Option<String> {
+        for _ in 0..2 {
+            let s1 = self.u32(off).load(Ordering::Acquire);
+            if s1 == 0 || s1 % 2 == 1 {
+                continue;
+            }
+            let n = (self.u32(off + 4).load(Ordering::Relaxed) as usize).min(TEXT_LEN - 4);
+            let mut out = Vec::with_capacity(n);
+            for i in 0..n.div_ceil(8) {
+                out.extend_from_slice(&self.u64(off + 8 + i * 8).load(Ordering::Relaxed).to_le_bytes());
+            }
+            out.truncate(n);
+            std::sync::atomic::fence(Ordering::Acquire);
+            if self.u32(off).load(Ordering::Relaxed) == s1 {
+                return Some(String::from_utf8_lossy(&out).into_owned());
+            }
+        }
+        None
+    }
+}

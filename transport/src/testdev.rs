@@ -1,0 +1,127 @@
+//! An in-memory two-rank [`RmaDevice`] for unit tests of the protocol and links.
+
+use std::cell::UnsafeCell;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use ampccl_runtime::{Error, Result};
+
+use crate::device::{CtsEntry, IMM_ERROR, RmaDevice};
+use std::sync::Arc;
+
+struct Side {
+    fifo: Vec<Mutex<CtsEntry>>,
+    imm: Vec<Mutex<(u32, u64)>>,
+    acks: AtomicU32,
+    window: UnsafeCell<Box<[u8]>>,
+}
+
+struct Shared {
+    sides: [Side; 2],
+}
+
+// SAFETY: windows are written only through `write` at addresses a receiver handed out, and read
+// by the receiver after the completion that orders them (as real RMA memory).
+unsafe impl Sync for Shared {}
+
+/// One endpoint of an in-memory pair: rank `me` talks to rank `1 - me` (peer index `1 - me`).
+pub struct PairDevice {
+    me: usize,
+    shared: Arc<Shared>,
+}
+
+impl PairDevice {
+    /// Two connected endpoints with FIFO depth `depth` and `window` bytes of window each.
+    pub fn pair(depth: usize, window: usize) -> (PairDevice, PairDevice) {
+        let side = || Side {
+            fifo: (0..depth).map(|_| Mutex::new(CtsEntry::default())).collect(),
+            imm: (0..depth).map(|_| Mutex::new((0, 0))).collect(),
+            acks: AtomicU32::new(0),
+            window: UnsafeCell::new(vec![0u8; window].into_boxed_slice()),
+        };
+        let shared = Arc::new(Shared { sides: [side(), side()] });
+        (PairDevice { me: 0, shared: shared.clone() }, PairDevice { me: 1, shared })
+    }
+
+    fn side(&self, who: usize) -> &Side {
+        &self.shared.sides[who]
+    }
+
+    fn base(&self, who: usize) -> (*mut u8, usize) {
+        // SAFETY: only the pointer and length are taken.
+        let w = unsafe { &mut *self.side(who).window.get() };
+        (w.as_mut_ptr(), w.len())
+    }
+
+    /// Pointer into our own window.
+    pub fn window_ptr(&self, off: usize) -> *mut u8 {
+        // SAFETY: tests keep `off` inside the window.
+        unsafe { self.base(self.me).0.add(off) }
+    }
+
+    /// Copy of our window bytes.
+    pub fn window(&self, off: usize, len: usize) -> Vec<u8> {
+        let (p, n) = self.base(self.me);
+        assert!(off + len <= n);
+        // SAFETY: in bounds; tests read after completion.
+        unsafe { std::slice::from_raw_parts(p.add(off), len) }.to_vec()
+    }
+}
+
+impl RmaDevice for PairDevice {
+    fn fifo_depth(&self) -> usize {
+        self.side(0).fifo.len()
+    }
+    fn channels(&self) -> usize {
+        2
+    }
+    fn expose(&self, ptr: *mut u8, len: usize) -> Option<(u32, u64)> {
+        let (base, n) = self.base(self.me);
+        let off = (ptr as usize).checked_sub(base as usize)?;
+        (off + len <= n).then_some((1, off as u64))
+    }
+    fn exposes_user_memory(&self) -> bool {
+        false
+    }
+    fn post_cts(&self, peer: usize, slot: usize, entry: &CtsEntry) -> Result<()> {
+        *self.side(peer).fifo[slot].lock().unwrap() = *entry;
+        Ok(())
+    }
+    fn poll_cts(&self, _peer: usize, slot: usize, idx: u32) -> Option<CtsEntry> {
+        let e = *self.side(self.me).fifo[slot].lock().unwrap();
+        (e.idx == idx).then_some(e)
+    }
+    unsafe fn write(&self, peer: usize, src: *const u8, len: usize, key: u32, addr: u64) -> Result<()> {
+        let (base, n) = self.base(peer);
+        if key != 1 || addr as usize + len > n {
+            return Err(Error::Internal("write outside the peer's window".into()));
+        }
+        // SAFETY: bounds checked; src valid by contract.
+        unsafe { std::ptr::copy_nonoverlapping(src, base.add(addr as usize), len) };
+        Ok(())
+    }
+    fn write_imm(&self, peer: usize, slot: usize, imm: u32, len: u64) -> Result<()> {
+        *self.side(peer).imm[slot].lock().unwrap() = (imm, len);
+        Ok(())
+    }
+    fn poll_imm(&self, _peer: usize, slot: usize, want: u32) -> Option<(u32, u64)> {
+        let (imm, len) = *self.side(self.me).imm[slot].lock().unwrap();
+        (imm & !IMM_ERROR == want).then_some((imm, len))
+    }
+    fn post_ack(&self, peer: usize) -> Result<()> {
+        self.side(peer).acks.fetch_add(1, Ordering::Release);
+        Ok(())
+    }
+    fn acks(&self, _peer: usize) -> u32 {
+        self.side(self.me).acks.load(Ordering::Acquire)
+    }
+    fn peer_health(&self, _peer: usize) -> Result<()> {
+        Ok(())
+    }
+    fn peer_desc(&self, peer: usize) -> String {
+        format!("rank {peer}")
+    }
+    fn peer_op(&self, _peer: usize) -> Option<String> {
+        None
+    }
+}
