@@ -1,0 +1,176 @@
+//! Low-level helpers of the bootstrap: deadline-bounded socket I/O, little-endian field
+//! encoding, and the stable (process-independent) FNV-1a hashes used for host ids and derived
+//! tokens.
+
+use std::io::{self, Read, Write};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// Largest payload of a bootstrap message; a larger length is a malformed frame.
+pub(crate) const MAX_PAYLOAD: u64 = 1 << 30;
+
+/// Why a deadline-bounded I/O failed.
+#[derive(Debug)]
+pub(crate) enum IoFail {
+    /// The deadline passed.
+    Timeout,
+    /// The peer closed the connection (EOF), after `usize` bytes of the requested buffer.
+    Closed(usize),
+    /// Any other socket error.
+    Other(io::Error),
+}
+
+impl std::fmt::Display for IoFail {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            IoFail::Timeout => write!(f, "timed out"),
+            IoFail::Closed(0) => write!(f, "connection closed"),
+            IoFail::Closed(n) => write!(f, "connection closed after {n} bytes of a frame"),
+            IoFail::Other(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// Time left until `deadline`, `None` once it has passed.
+pub(crate) fn remaining(deadline: Instant) -> Option<Duration> {
+    let left = deadline.saturating_duration_since(Instant::now());
+    (!left.is_zero()).then_some(left)
+}
+
+pub(crate) fn is_timeout(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// Reads into `buf[*filled..]` until full or until `deadline`; `*filled` tracks progress so a
+/// timed-out read can be resumed later without losing bytes.
+pub(crate) fn read_resumable(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    filled: &mut usize,
+    deadline: Instant,
+) -> Result<(), IoFail> {
+    while *filled < buf.len() {
+        let left = remaining(deadline).ok_or(IoFail::Timeout)?;
+        stream.set_read_timeout(Some(left)).map_err(IoFail::Other)?;
+        match stream.read(&mut buf[*filled..]) {
+            Ok(0) => return Err(IoFail::Closed(*filled)),
+            Ok(n) => *filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if is_timeout(&e) => {}
+            Err(e) => return Err(IoFail::Other(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Fills `buf` before `deadline`.
+pub(crate) fn read_exact_by(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    deadline: Instant,
+) -> Result<(), IoFail> {
+    let mut filled = 0;
+    read_resumable(stream, buf, &mut filled, deadline)
+}
+
+/// Writes all of `bufs` (in order) before `deadline`.
+pub(crate) fn write_all_by(
+    stream: &mut TcpStream,
+    bufs: &[&[u8]],
+    deadline: Instant,
+) -> Result<(), IoFail> {
+    for buf in bufs {
+        let mut done = 0;
+        while done < buf.len() {
+            let left = remaining(deadline).ok_or(IoFail::Timeout)?;
+            stream
+                .set_write_timeout(Some(left))
+                .map_err(IoFail::Other)?;
+            match stream.write(&buf[done..]) {
+                Ok(0) => return Err(IoFail::Closed(0)),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if is_timeout(&e) => {}
+                Err(e) => return Err(IoFail::Other(e)),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Cursor that reads little-endian fields out of a fixed frame.
+pub(crate) struct Fields<'a>(pub &'a [u8]);
+
+impl<'a> Fields<'a> {
+    pub(crate) fn take(&mut self, n: usize) -> &'a [u8] {
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        head
+    }
+    pub(crate) fn u32(&mut self) -> u32 {
+        u32::from_le_bytes(self.take(4).try_into().expect("4 bytes"))
+    }
+    pub(crate) fn u64(&mut self) -> u64 {
+        u64::from_le_bytes(self.take(8).try_into().expect("8 bytes"))
+    }
+    pub(crate) fn u128(&mut self) -> u128 {
+        u128::from_le_bytes(self.take(16).try_into().expect("16 bytes"))
+    }
+}
+
+/// 64-bit FNV-1a over `parts`, each followed by a zero separator byte.
+pub(crate) fn fnv1a64(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for part in parts {
+        for &b in part.iter().chain(&[0u8]) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// 128-bit FNV-1a over `parts`, each followed by a zero separator byte.
+pub(crate) fn fnv1a128(parts: &[&[u8]]) -> u128 {
+    let mut h: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+    for part in parts {
+        for &b in part.iter().chain(&[0u8]) {
+            h ^= u128::from(b);
+            h = h.wrapping_mul(0x0000_0000_0100_0000_0000_0000_0000_013b);
+        }
+    }
+    h
+}
+
+/// Identifier of this host: FNV-1a of the hostname and the kernel boot id
+/// (`/proc/sys/kernel/random/boot_id`), so two containers or reboots of one name still differ.
+pub fn host_id() -> u64 {
+    let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_owned()).ok();
+    let hostname = read("/proc/sys/kernel/hostname")
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_default();
+    let boot_id = read("/proc/sys/kernel/random/boot_id").unwrap_or_default();
+    fnv1a64(&[hostname.as_bytes(), boot_id.as_bytes()])
+}
+
+/// Sets `TCP_NODELAY` and blocking mode on a bootstrap socket.
+pub(crate) fn prepare(stream: &TcpStream) -> io::Result<()> {
+    stream.set_nonblocking(false)?;
+    stream.set_nodelay(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_are_stable_and_separated() {
+        assert_eq!(fnv1a64(&[]), 0xcbf2_9ce4_8422_2325);
+        assert_ne!(fnv1a64(&[b"ab", b"c"]), fnv1a64(&[b"a", b"bc"]));
+        assert_ne!(fnv1a128(&[b"ab", b"c"]), fnv1a128(&[b"a", b"bc"]));
+        assert_eq!(host_id(), host_id());
+    }
+}
