@@ -55,9 +55,13 @@ impl Config {
         let num = |k: &str| -> Result<Option<f64>> {
             get(k)
                 .map(|v| {
-                    v.trim().parse::<f64>().ok().filter(|x| x.is_finite() && *x > 0.0).ok_or_else(|| {
-                        Error::InvalidArgument(format!("{k}={v:?} is not a positive number"))
-                    })
+                    v.trim()
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|x| x.is_finite() && *x > 0.0)
+                        .ok_or_else(|| {
+                            Error::InvalidArgument(format!("{k}={v:?} is not a positive number"))
+                        })
                 })
                 .transpose()
         };
@@ -93,7 +97,10 @@ pub fn init_logging() {
     ONCE.call_once(|| {
         let filter = tracing_subscriber::EnvFilter::try_from_env("AMPCCL_LOG")
             .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-        let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .with_writer(std::io::stderr)
+            .try_init();
     });
 }
 
@@ -112,7 +119,10 @@ mod tests {
         .unwrap();
         assert_eq!(c.timeout, Duration::from_millis(2500));
         assert_eq!(c.buffsize, 65536);
-        assert_eq!(c.forced.get(&OpKind::AllReduce).map(String::as_str), Some("AllReduceRing"));
+        assert_eq!(
+            c.forced.get(&OpKind::AllReduce).map(String::as_str),
+            Some("AllReduceRing")
+        );
         assert!(Config::from_lookup(|k| (k == "AMPCCL_TIMEOUT_S").then(|| "soon".into())).is_err());
         assert!(Config::from_lookup(|k| (k == "AMPCCL_BUFFSIZE").then(|| "12".into())).is_err());
     }

@@ -47,12 +47,18 @@ impl OpKind {
 
     /// Whether the operation combines values with a [`ReduceOp`].
     pub const fn reduces(self) -> bool {
-        matches!(self, OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Reduce)
+        matches!(
+            self,
+            OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Reduce
+        )
     }
 
     /// Whether `root` is meaningful (root rank, or the peer of send/recv).
     pub const fn has_root(self) -> bool {
-        matches!(self, OpKind::Broadcast | OpKind::Reduce | OpKind::Send | OpKind::Recv)
+        matches!(
+            self,
+            OpKind::Broadcast | OpKind::Reduce | OpKind::Send | OpKind::Recv
+        )
     }
 
     /// Elements of the input buffer for `count` on `world` ranks (NCCL's count conventions).
@@ -147,7 +153,15 @@ impl OpParam {
             s += &format!(", {}", self.op.name());
         }
         if self.kind.has_root() {
-            s += &format!(", {}={}", if matches!(self.kind, OpKind::Send | OpKind::Recv) { "peer" } else { "root" }, self.root);
+            s += &format!(
+                ", {}={}",
+                if matches!(self.kind, OpKind::Send | OpKind::Recv) {
+                    "peer"
+                } else {
+                    "root"
+                },
+                self.root
+            );
         }
         s + &format!(") #{}", self.seq)
     }
@@ -192,14 +206,44 @@ mod tests {
     #[test]
     fn fingerprints_separate_what_must_match() {
         let a = p(OpKind::AllReduce, 10);
-        assert_eq!(a.fingerprint(), OpParam { rank: 1, in_place: true, seq: 5, ..a }.fingerprint());
+        assert_eq!(
+            a.fingerprint(),
+            OpParam {
+                rank: 1,
+                in_place: true,
+                seq: 5,
+                ..a
+            }
+            .fingerprint()
+        );
         assert_ne!(a.fingerprint(), p(OpKind::AllReduce, 11).fingerprint());
         assert_ne!(a.fingerprint(), p(OpKind::AllGather, 10).fingerprint());
-        assert_ne!(a.fingerprint(), OpParam { op: ReduceOp::Max, ..a }.fingerprint());
-        assert_ne!(a.fingerprint(), OpParam { dtype: DataType::I32, ..a }.fingerprint());
+        assert_ne!(
+            a.fingerprint(),
+            OpParam {
+                op: ReduceOp::Max,
+                ..a
+            }
+            .fingerprint()
+        );
+        assert_ne!(
+            a.fingerprint(),
+            OpParam {
+                dtype: DataType::I32,
+                ..a
+            }
+            .fingerprint()
+        );
         // Send and Recv of the same byte count match each other.
-        let s = OpParam { root: 1, ..p(OpKind::Send, 4) };
-        let r = OpParam { root: 0, rank: 1, ..p(OpKind::Recv, 4) };
+        let s = OpParam {
+            root: 1,
+            ..p(OpKind::Send, 4)
+        };
+        let r = OpParam {
+            root: 0,
+            rank: 1,
+            ..p(OpKind::Recv, 4)
+        };
         assert_eq!(s.fingerprint(), r.fingerprint());
         assert!(a.fingerprint() < 1 << 31);
     }

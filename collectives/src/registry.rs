@@ -33,17 +33,32 @@ impl Registry {
     pub fn builtin() -> Registry {
         let mut r = Registry::empty();
         for (name, kind, exec) in algorithms::builtin() {
-            r.register(name, kind, exec).expect("built-in algorithm names are unique");
+            r.register(name, kind, exec)
+                .expect("built-in algorithm names are unique");
         }
         r
     }
 
     /// Adds an algorithm for operations of `kind`.
-    pub fn register(&mut self, name: &'static str, kind: OpKind, executor: Arc<dyn Executor>) -> Result<()> {
+    pub fn register(
+        &mut self,
+        name: &'static str,
+        kind: OpKind,
+        executor: Arc<dyn Executor>,
+    ) -> Result<()> {
         if self.entries.contains_key(name) {
-            return Err(Error::InvalidUsage(format!("algorithm {name:?} is already registered")));
+            return Err(Error::InvalidUsage(format!(
+                "algorithm {name:?} is already registered"
+            )));
         }
-        self.entries.insert(name, Entry { name, kind, executor });
+        self.entries.insert(
+            name,
+            Entry {
+                name,
+                kind,
+                executor,
+            },
+        );
         Ok(())
     }
 

@@ -38,7 +38,10 @@ impl Mem {
 
     /// `bytes` further on.
     pub const fn add(self, bytes: usize) -> Mem {
-        Mem { buf: self.buf, off: self.off + bytes }
+        Mem {
+            buf: self.buf,
+            off: self.off + bytes,
+        }
     }
 
     /// True for the registered windows (memory a peer may write into).
@@ -101,7 +104,10 @@ impl AlgResourceRequest {
             })
             .collect();
         AlgResourceRequest {
-            op_transport: vec![vec![SubCommRequest { transport_requests, is_used_rdma: false }]],
+            op_transport: vec![vec![SubCommRequest {
+                transport_requests,
+                is_used_rdma: false,
+            }]],
             ..Default::default()
         }
     }
@@ -133,9 +139,25 @@ pub trait TaskSink {
     /// `len` bytes from `src` to `dst`.
     fn copy(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()>;
     /// `dst = a op b` over `count` elements of `dtype` (`dst` may equal `a` or `b`).
-    fn reduce(&mut self, s: StreamId, dtype: DataType, op: ReduceOp, dst: Mem, a: Mem, b: Mem, count: usize) -> Result<()>;
+    fn reduce(
+        &mut self,
+        s: StreamId,
+        dtype: DataType,
+        op: ReduceOp,
+        dst: Mem,
+        a: Mem,
+        b: Mem,
+        count: usize,
+    ) -> Result<()>;
     /// `dst /= n` over `count` elements (the end of `Avg`).
-    fn finish_avg(&mut self, s: StreamId, dtype: DataType, dst: Mem, count: usize, n: usize) -> Result<()>;
+    fn finish_avg(
+        &mut self,
+        s: StreamId,
+        dtype: DataType,
+        dst: Mem,
+        count: usize,
+        n: usize,
+    ) -> Result<()>;
     /// Record notify `n` on stream `s`.
     fn record(&mut self, s: StreamId, n: NotifyId) -> Result<()>;
     /// Make stream `s` wait for the next record of notify `n`.

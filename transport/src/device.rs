@@ -50,7 +50,14 @@ pub trait RmaDevice: Send + Sync {
     ///
     /// # Safety
     /// `src` must be valid for `len` reads.
-    unsafe fn write(&self, peer: usize, src: *const u8, len: usize, key: u32, addr: u64) -> Result<()>;
+    unsafe fn write(
+        &self,
+        peer: usize,
+        src: *const u8,
+        len: usize,
+        key: u32,
+        addr: u64,
+    ) -> Result<()>;
     /// Delivers the immediate `imm` and byte count `len` to `peer`'s completion slot `slot`,
     /// ordered after every earlier write to that peer.
     fn write_imm(&self, peer: usize, slot: usize, imm: u32, len: u64) -> Result<()>;

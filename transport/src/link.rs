@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::Poll;
 
+use ampccl_runtime::Result;
 use ampccl_runtime::stream::Stream;
 use ampccl_runtime::task::{LinkDriver, LinkOp, Task};
-use ampccl_runtime::Result;
 
 use crate::device::RmaDevice;
 use crate::protocol;
@@ -68,7 +68,12 @@ impl Link {
 
     fn push(self: &Arc<Self>, s: &Stream, op: LinkOp) {
         // SAFETY: the pointers inside `op` were guaranteed by the callers below.
-        unsafe { s.enqueue(Task::Link { link: self.clone(), op }) }
+        unsafe {
+            s.enqueue(Task::Link {
+                link: self.clone(),
+                op,
+            })
+        }
     }
 
     /// Tells the peer we are ready (HCCL `TxAck`).
@@ -157,7 +162,8 @@ impl LinkDriver for Link {
                 if r.is_ready() {
                     // Device writes are complete once issued (shared memory); a device with
                     // asynchronous completions would advance this from its completion queue.
-                    self.tx_completed.store(seq.wrapping_add(1), Ordering::Release);
+                    self.tx_completed
+                        .store(seq.wrapping_add(1), Ordering::Release);
                 }
                 r
             }
@@ -172,7 +178,8 @@ impl LinkDriver for Link {
             LinkOp::RxWaitDone { seq, len } => {
                 let r = protocol::poll_recv(dev, self.peer, seq, len);
                 if r.is_ready() {
-                    self.rx_completed.store(seq.wrapping_add(1), Ordering::Release);
+                    self.rx_completed
+                        .store(seq.wrapping_add(1), Ordering::Release);
                 }
                 r
             }

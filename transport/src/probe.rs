@@ -47,11 +47,14 @@ pub fn select(boot: &Bootstrap, forced: Option<&str>) -> Result<Provider> {
         },
         None => Provider::ALL.to_vec(),
     };
-    candidates.into_iter().find(|p| p.can_connect(boot)).ok_or_else(|| {
-        Error::InvalidUsage(
-            "no transport can connect these ranks: they span several hosts and this build has \
+    candidates
+        .into_iter()
+        .find(|p| p.can_connect(boot))
+        .ok_or_else(|| {
+            Error::InvalidUsage(
+                "no transport can connect these ranks: they span several hosts and this build has \
              only the shared-memory provider"
-                .into(),
-        )
-    })
+                    .into(),
+            )
+        })
 }

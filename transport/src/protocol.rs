@@ -50,7 +50,7 @@ pub fn post_recv(
         addr,
         size: len as u64,
         key,
-        nreqs: dev.channels().clamp(1, 1 + len as u32 / MIN_STRIPE),
+        nreqs: (dev.channels() as u32).clamp(1, 1 + (len / MIN_STRIPE as usize) as u32),
         tag,
         idx: idx_of(seq),
     };
@@ -73,14 +73,18 @@ pub unsafe fn try_send(
     tag: u32,
 ) -> Poll<Result<()>> {
     let slot = (seq % dev.fifo_depth() as u32) as usize;
-    let Some(cts) = dev.poll_cts(peer, slot, idx_of(seq)) else { return Poll::Pending };
+    let Some(cts) = dev.poll_cts(peer, slot, idx_of(seq)) else {
+        return Poll::Pending;
+    };
     let fail = |e: Error| {
         // Tell the receiver instead of leaving it waiting, then report locally.
         let _ = dev.write_imm(peer, slot, idx_of(seq) | IMM_ERROR, 0);
         Poll::Ready(Err(e))
     };
     if cts.tag != tag {
-        let theirs = dev.peer_op(peer).unwrap_or_else(|| format!("tag {:#x}", cts.tag));
+        let theirs = dev
+            .peer_op(peer)
+            .unwrap_or_else(|| format!("tag {:#x}", cts.tag));
         return fail(Error::InvalidUsage(format!(
             "operation mismatch: {} is running {theirs}, which does not match this rank's \
              operation (tag {tag:#x})",
@@ -100,7 +104,9 @@ pub unsafe fn try_send(
     while off < len {
         let piece = stripe.min(len - off);
         // SAFETY: off + piece <= len, valid by the caller's contract.
-        if let Err(e) = unsafe { dev.write(peer, src.add(off), piece, cts.key, cts.addr + off as u64) } {
+        if let Err(e) =
+            unsafe { dev.write(peer, src.add(off), piece, cts.key, cts.addr + off as u64) }
+        {
             return fail(e);
         }
         off += piece;
@@ -111,7 +117,9 @@ pub unsafe fn try_send(
 /// Completes receive `seq` once its immediate has arrived; it must carry exactly `len` bytes.
 pub fn poll_recv(dev: &dyn RmaDevice, peer: usize, seq: u32, len: usize) -> Poll<Result<()>> {
     let slot = (seq % dev.fifo_depth() as u32) as usize;
-    let Some((imm, got)) = dev.poll_imm(peer, slot, idx_of(seq)) else { return Poll::Pending };
+    let Some((imm, got)) = dev.poll_imm(peer, slot, idx_of(seq)) else {
+        return Poll::Pending;
+    };
     if imm & IMM_ERROR != 0 {
         return Poll::Ready(Err(Error::Remote(format!(
             "{} failed the transfer (it reported a mismatch or an error)",
@@ -189,14 +197,20 @@ pub(crate) mod tests {
         let data = [0u8; 16];
         // SAFETY: data is valid.
         let e = ready(unsafe { try_send(&a, 1, 0, data.as_ptr(), 16, 2) }).unwrap_err();
-        assert!(matches!(e, Error::InvalidUsage(ref m) if m.contains("mismatch")), "{e}");
+        assert!(
+            matches!(e, Error::InvalidUsage(ref m) if m.contains("mismatch")),
+            "{e}"
+        );
         let e = ready(poll_recv(&b, 0, 0, 16)).unwrap_err();
         assert!(matches!(e, Error::Remote(_)), "{e}");
 
         ready(post_recv(&b, 0, 1, 1, dst, 16, 1)).unwrap();
         // SAFETY: data is valid.
         let e = ready(unsafe { try_send(&a, 1, 1, data.as_ptr(), 8, 1) }).unwrap_err();
-        assert!(matches!(e, Error::InvalidUsage(ref m) if m.contains("expects 16")), "{e}");
+        assert!(
+            matches!(e, Error::InvalidUsage(ref m) if m.contains("expects 16")),
+            "{e}"
+        );
     }
 
     #[test]

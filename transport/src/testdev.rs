@@ -34,13 +34,23 @@ impl PairDevice {
     /// Two connected endpoints with FIFO depth `depth` and `window` bytes of window each.
     pub fn pair(depth: usize, window: usize) -> (PairDevice, PairDevice) {
         let side = || Side {
-            fifo: (0..depth).map(|_| Mutex::new(CtsEntry::default())).collect(),
+            fifo: (0..depth)
+                .map(|_| Mutex::new(CtsEntry::default()))
+                .collect(),
             imm: (0..depth).map(|_| Mutex::new((0, 0))).collect(),
             acks: AtomicU32::new(0),
             window: UnsafeCell::new(vec![0u8; window].into_boxed_slice()),
         };
-        let shared = Arc::new(Shared { sides: [side(), side()] });
-        (PairDevice { me: 0, shared: shared.clone() }, PairDevice { me: 1, shared })
+        let shared = Arc::new(Shared {
+            sides: [side(), side()],
+        });
+        (
+            PairDevice {
+                me: 0,
+                shared: shared.clone(),
+            },
+            PairDevice { me: 1, shared },
+        )
     }
 
     fn side(&self, who: usize) -> &Side {
@@ -91,7 +101,14 @@ impl RmaDevice for PairDevice {
         let e = *self.side(self.me).fifo[slot].lock().unwrap();
         (e.idx == idx).then_some(e)
     }
-    unsafe fn write(&self, peer: usize, src: *const u8, len: usize, key: u32, addr: u64) -> Result<()> {
+    unsafe fn write(
+        &self,
+        peer: usize,
+        src: *const u8,
+        len: usize,
+        key: u32,
+        addr: u64,
+    ) -> Result<()> {
         let (base, n) = self.base(peer);
         if key != 1 || addr as usize + len > n {
             return Err(Error::Internal("write outside the peer's window".into()));

@@ -32,7 +32,8 @@ impl Executor for AllReduceOneShot {
         }
         // Our own contribution goes to our slot too, so in-place works and the order of the
         // reduction is the same on every rank.
-        res.tasks.copy(MAIN, slot(me), Mem::of(BufKind::UserIn), nb)?;
+        res.tasks
+            .copy(MAIN, slot(me), Mem::of(BufKind::UserIn), nb)?;
         let peers = || (1..world).map(|d| (me + d) % world);
         for q in peers() {
             res.tasks.rx_async(MAIN, q, slot(q), nb)?;
@@ -44,9 +45,11 @@ impl Executor for AllReduceOneShot {
             res.tasks.rx_wait_done(MAIN, q, nb)?;
             res.tasks.tx_wait_done(MAIN, q)?;
         }
-        res.tasks.reduce(MAIN, p.dtype, p.op, out, slot(0), slot(1), n)?;
+        res.tasks
+            .reduce(MAIN, p.dtype, p.op, out, slot(0), slot(1), n)?;
         for q in 2..world {
-            res.tasks.reduce(MAIN, p.dtype, p.op, out, out, slot(q), n)?;
+            res.tasks
+                .reduce(MAIN, p.dtype, p.op, out, out, slot(q), n)?;
         }
         if p.op == ReduceOp::Avg {
             res.tasks.finish_avg(MAIN, p.dtype, out, n, world)?;

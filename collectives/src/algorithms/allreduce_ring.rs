@@ -20,7 +20,12 @@ impl Executor for AllReduceRing {
         let e = p.elem();
         if p.world == 1 {
             if !p.in_place && p.count > 0 {
-                res.tasks.copy(MAIN, Mem::of(BufKind::UserOut), Mem::of(BufKind::UserIn), p.count * e)?;
+                res.tasks.copy(
+                    MAIN,
+                    Mem::of(BufKind::UserOut),
+                    Mem::of(BufKind::UserIn),
+                    p.count * e,
+                )?;
             }
             return Ok(());
         }
@@ -28,7 +33,10 @@ impl Executor for AllReduceRing {
         let per_round = r.slot_elems(e) * p.world;
         for (start, len) in rounds(p.count, per_round) {
             let round = Round {
-                layout: Layout::Split(Blocks { count: len, parts: p.world }),
+                layout: Layout::Split(Blocks {
+                    count: len,
+                    parts: p.world,
+                }),
                 base_in: Mem::of(BufKind::UserIn).add(start * e),
                 base_out: Mem::of(BufKind::UserOut).add(start * e),
             };

@@ -11,7 +11,15 @@ pub mod allreduce_ring;
 /// `(name, kind, executor)` of every built-in algorithm.
 pub fn builtin() -> Vec<(&'static str, OpKind, Arc<dyn Executor>)> {
     vec![
-        ("AllReduceRing", OpKind::AllReduce, Arc::new(allreduce_ring::AllReduceRing)),
-        ("AllReduceOneShot", OpKind::AllReduce, Arc::new(allreduce_oneshot::AllReduceOneShot)),
+        (
+            "AllReduceRing",
+            OpKind::AllReduce,
+            Arc::new(allreduce_ring::AllReduceRing),
+        ),
+        (
+            "AllReduceOneShot",
+            OpKind::AllReduce,
+            Arc::new(allreduce_oneshot::AllReduceOneShot),
+        ),
     ]
 }

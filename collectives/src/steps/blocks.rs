@@ -25,7 +25,9 @@ pub fn chunk_elems(bytes: usize, elem: usize) -> usize {
 
 /// `(start, len)` of consecutive rounds of at most `per_round` elements covering `count`.
 pub fn rounds(count: usize, per_round: usize) -> impl Iterator<Item = (usize, usize)> {
-    (0..count).step_by(per_round.max(1)).map(move |s| (s, per_round.min(count - s)))
+    (0..count)
+        .step_by(per_round.max(1))
+        .map(move |s| (s, per_round.min(count - s)))
 }
 
 #[cfg(test)]

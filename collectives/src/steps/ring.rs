@@ -10,7 +10,6 @@ use crate::op::OpParam;
 use crate::resource::{AlgResourceResponse, BufKind, MAIN, Mem};
 use crate::steps::blocks::Blocks;
 
-
 /// Ring geometry and the alternating receive slots of one operation.
 pub struct Ring {
     pub rank: usize,
@@ -124,7 +123,8 @@ pub fn reduce_scatter(
             (_, Some(_), Some(s)) => (s, round.input(send_j, e).1),
             (_, Some(_), None) => unreachable!("slot set after the first step"),
         };
-        res.tasks.tx_async(MAIN, ring.next, send_src, send_len * e)?;
+        res.tasks
+            .tx_async(MAIN, ring.next, send_src, send_len * e)?;
         res.tasks.rx_wait_done(MAIN, ring.prev, recv_len * e)?;
         let (own, _) = round.input(recv_j, e);
         let last = k == ring.world - 2;
@@ -133,7 +133,8 @@ pub fn reduce_scatter(
             Some(out) if last => out,
             Some(_) => slot,
         };
-        res.tasks.reduce(MAIN, p.dtype, p.op, dst, own, slot, recv_len)?;
+        res.tasks
+            .reduce(MAIN, p.dtype, p.op, dst, own, slot, recv_len)?;
         res.tasks.tx_wait_done(MAIN, ring.next)?;
         prev_slot = Some(slot);
     }

@@ -46,9 +46,16 @@ pub fn connect(boot: &Bootstrap, cfg: &ShmConfig) -> Result<Arc<ShmDevice>> {
     if swept > 0 {
         tracing::info!("removed {swept} shared-memory segments of dead processes");
     }
-    let layout = Layout { world, depth: cfg.depth, window: cfg.window };
+    let layout = Layout {
+        world,
+        depth: cfg.depth,
+        window: cfg.window,
+    };
     let own = Arc::new(Segment::create(layout.total())?);
-    let v = View { base: own.as_ptr(), len: own.len() };
+    let v = View {
+        base: own.as_ptr(),
+        len: own.len(),
+    };
     let probe_value: u64 = rand::random::<u64>() | 1;
     v.u64(H_MAGIC).store(MAGIC, Ordering::Relaxed);
     v.u32(H_VERSION).store(VERSION, Ordering::Relaxed);
@@ -68,7 +75,9 @@ pub fn connect(boot: &Bootstrap, cfg: &ShmConfig) -> Result<Arc<ShmDevice>> {
         let mut probes = Vec::with_capacity(world);
         for (r, m) in all.iter().enumerate() {
             if m.len() < 24 {
-                return Err(Error::Remote(format!("rank {r} sent a malformed segment record")));
+                return Err(Error::Remote(format!(
+                    "rank {r} sent a malformed segment record"
+                )));
             }
             let field = |i: usize| u64::from_le_bytes(m[i * 8..i * 8 + 8].try_into().unwrap());
             let (len, probe_addr, value) = (field(0) as usize, field(1) as usize, field(2));
@@ -84,11 +93,16 @@ pub fn connect(boot: &Bootstrap, cfg: &ShmConfig) -> Result<Arc<ShmDevice>> {
                 let name = std::str::from_utf8(&m[24..])
                     .map_err(|_| Error::Remote(format!("rank {r} sent a bad segment name")))?;
                 let s = Segment::open(name, len)?;
-                let pv = View { base: s.as_ptr(), len: s.len() };
+                let pv = View {
+                    base: s.as_ptr(),
+                    len: s.len(),
+                };
                 if pv.u64(H_MAGIC).load(Ordering::Acquire) != MAGIC
                     || pv.u32(H_RANK).load(Ordering::Acquire) as usize != r
                 {
-                    return Err(Error::Remote(format!("rank {r}'s segment has a bad header")));
+                    return Err(Error::Remote(format!(
+                        "rank {r}'s segment has a bad header"
+                    )));
                 }
                 segs.push(Arc::new(s));
             }

@@ -31,8 +31,20 @@ pub struct ShmDevice {
 }
 
 impl ShmDevice {
-    pub(super) fn new(rank: usize, layout: Layout, pids: Vec<u32>, segs: Vec<Arc<Segment>>, cma: bool) -> ShmDevice {
-        let views: Vec<View> = segs.iter().map(|s| View { base: s.as_ptr(), len: s.len() }).collect();
+    pub(super) fn new(
+        rank: usize,
+        layout: Layout,
+        pids: Vec<u32>,
+        segs: Vec<Arc<Segment>>,
+        cma: bool,
+    ) -> ShmDevice {
+        let views: Vec<View> = segs
+            .iter()
+            .map(|s| View {
+                base: s.as_ptr(),
+                len: s.len(),
+            })
+            .collect();
         let bells = views
             .iter()
             .zip(&segs)
@@ -43,7 +55,15 @@ impl ShmDevice {
                 }
             })
             .collect();
-        ShmDevice { rank, layout, pids, _segs: segs, views, bells, cma }
+        ShmDevice {
+            rank,
+            layout,
+            pids,
+            _segs: segs,
+            views,
+            bells,
+            cma,
+        }
     }
 
     /// Our own doorbell (peers ring it when they write to us).
@@ -55,7 +75,10 @@ impl ShmDevice {
     pub fn window(&self) -> (*mut u8, usize) {
         let v = &self.views[self.rank];
         // SAFETY: the window offset lies inside our mapping.
-        (unsafe { v.base.add(self.layout.window_off()) }, self.layout.window)
+        (
+            unsafe { v.base.add(self.layout.window_off()) },
+            self.layout.window,
+        )
     }
 
     /// Whether cross-memory attach is in use.
@@ -85,7 +108,10 @@ impl ShmDevice {
         for (r, v) in self.views.iter().enumerate() {
             if r != self.rank && v.u32(H_FAILED).load(Ordering::Acquire) != 0 {
                 let msg = v.get_text(H_FAIL_MSG).unwrap_or_default();
-                return Err(Error::Remote(format!("{} failed: {msg}", self.peer_desc(r))));
+                return Err(Error::Remote(format!(
+                    "{} failed: {msg}",
+                    self.peer_desc(r)
+                )));
             }
         }
         Ok(())
@@ -130,7 +156,14 @@ impl RmaDevice for ShmDevice {
         self.mine().get_cts(self.layout.cts(peer, slot), idx)
     }
 
-    unsafe fn write(&self, peer: usize, src: *const u8, len: usize, key: u32, addr: u64) -> Result<()> {
+    unsafe fn write(
+        &self,
+        peer: usize,
+        src: *const u8,
+        len: usize,
+        key: u32,
+        addr: u64,
+    ) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
@@ -162,7 +195,10 @@ impl RmaDevice for ShmDevice {
                 let data = unsafe { std::slice::from_raw_parts(src, len) };
                 cma::write(self.pids[peer], data, addr as usize)
             }
-            k => Err(Error::Remote(format!("{} sent unknown memory key {k}", self.peer_desc(peer)))),
+            k => Err(Error::Remote(format!(
+                "{} sent unknown memory key {k}",
+                self.peer_desc(peer)
+            ))),
         }
     }
 
@@ -183,23 +219,29 @@ impl RmaDevice for ShmDevice {
     }
 
     fn post_ack(&self, peer: usize) -> Result<()> {
-        self.views[peer].u32(self.layout.ack(self.rank)).fetch_add(1, Ordering::Release);
+        self.views[peer]
+            .u32(self.layout.ack(self.rank))
+            .fetch_add(1, Ordering::Release);
         self.bells[peer].ring();
         Ok(())
     }
 
     fn acks(&self, peer: usize) -> u32 {
-        self.mine().u32(self.layout.ack(peer)).load(Ordering::Acquire)
+        self.mine()
+            .u32(self.layout.ack(peer))
+            .load(Ordering::Acquire)
     }
 
     fn peer_health(&self, peer: usize) -> Result<()> {
         self.check_peers_failed()?;
         let pid = self.pids[peer];
         match rustix::process::Pid::from_raw(pid as i32) {
-            Some(p) if rustix::process::test_kill_process(p).is_err() => Err(Error::Remote(format!(
-                "{} is dead (its process no longer exists)",
-                self.peer_desc(peer)
-            ))),
+            Some(p) if rustix::process::test_kill_process(p).is_err() => {
+                Err(Error::Remote(format!(
+                    "{} is dead (its process no longer exists)",
+                    self.peer_desc(peer)
+                )))
+            }
             _ => Ok(()),
         }
     }

@@ -131,7 +131,8 @@ impl View {
         for (i, chunk) in bytes[..n].chunks(8).enumerate() {
             let mut w = [0u8; 8];
             w[..chunk.len()].copy_from_slice(chunk);
-            self.u64(off + 8 + i * 8).store(u64::from_le_bytes(w), Ordering::Relaxed);
+            self.u64(off + 8 + i * 8)
+                .store(u64::from_le_bytes(w), Ordering::Relaxed);
         }
         seq.store(s.wrapping_add(2), Ordering::Release);
     }
@@ -146,7 +147,12 @@ impl View {
             let n = (self.u32(off + 4).load(Ordering::Relaxed) as usize).min(TEXT_LEN - 4);
             let mut out = Vec::with_capacity(n);
             for i in 0..n.div_ceil(8) {
-                out.extend_from_slice(&self.u64(off + 8 + i * 8).load(Ordering::Relaxed).to_le_bytes());
+                out.extend_from_slice(
+                    &self
+                        .u64(off + 8 + i * 8)
+                        .load(Ordering::Relaxed)
+                        .to_le_bytes(),
+                );
             }
             out.truncate(n);
             std::sync::atomic::fence(Ordering::Acquire);

@@ -1,0 +1,696 @@
+//! The typed native API: blocking calls on slices, asynchronous calls on owned buffers
+//! (futures for any executor), explicit streams, and groups of sends/receives.
+//!
+//! Buffer sizes follow NCCL's count conventions and are checked against each other; the
+//! counts must also agree across ranks, which every transfer verifies (a mismatch fails the
+//! operation on every rank instead of hanging).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use ampccl_runtime::stream::{Event, Stream};
+use ampccl_runtime::{DataType, Element, Error, ReduceOp, Result};
+
+use crate::comm::{Call, Communicator};
+use crate::op::{OpKind, OpParam};
+use crate::sink::Region;
+
+/// Owned memory whose address does not change when the owner moves (heap-backed), so it can
+/// be handed to an asynchronous operation.
+///
+/// # Safety
+/// `as_mut_ptr` must return the same address for the value's whole life, valid for `len`
+/// elements.
+pub unsafe trait StableBuf: Send + 'static {
+    type Elem: Element;
+    fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    fn as_mut_ptr(&mut self) -> *mut Self::Elem;
+}
+
+// SAFETY: a Vec's heap buffer does not move when the Vec moves (no reallocation through this API).
+unsafe impl<T: Element> StableBuf for Vec<T> {
+    type Elem = T;
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+    fn as_mut_ptr(&mut self) -> *mut T {
+        Vec::as_mut_ptr(self)
+    }
+}
+
+// SAFETY: as for Vec.
+unsafe impl<T: Element> StableBuf for Box<[T]> {
+    type Elem = T;
+    fn len(&self) -> usize {
+        <[T]>::len(self)
+    }
+    fn as_mut_ptr(&mut self) -> *mut T {
+        <[T]>::as_mut_ptr(self)
+    }
+}
+
+fn region_of<T>(ptr: *const T, len: usize) -> Region {
+    Region {
+        ptr: ptr as *mut u8,
+        len: len * size_of::<T>(),
+    }
+}
+
+/// Builds and checks a call (shared by the typed API and the C ABI).
+///
+/// `input`/`output` are byte regions; a region is in place when it starts at NCCL's in-place
+/// position inside the other (AllGather: `input == output + rank * count`; ReduceScatter:
+/// `output == input + rank * count`; others: equal). Any other overlap is refused.
+pub(crate) fn make_call(
+    comm: &Communicator,
+    kind: OpKind,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    root: usize,
+    input: Region,
+    output: Region,
+) -> Result<Call> {
+    let (rank, world) = (comm.rank(), comm.world());
+    let e = dtype.size();
+    if kind.has_root() && root >= world {
+        let what = if matches!(kind, OpKind::Send | OpKind::Recv) {
+            "peer"
+        } else {
+            "root"
+        };
+        return Err(Error::InvalidArgument(format!(
+            "{what} {root} is not a rank of this communicator (size {world})"
+        )));
+    }
+    let in_need = kind.input_count(count, world).checked_mul(e);
+    let out_need = kind.output_count(count, world).checked_mul(e);
+    let (Some(in_need), Some(out_need)) = (in_need, out_need) else {
+        return Err(Error::InvalidArgument(format!(
+            "count {count} overflows the address space"
+        )));
+    };
+    // Broadcast's input matters on the root only, Reduce's output on the root only.
+    let in_need = if kind == OpKind::Broadcast && rank != root {
+        0
+    } else {
+        in_need
+    };
+    let out_need = if kind == OpKind::Reduce && rank != root {
+        0
+    } else {
+        out_need
+    };
+    for (name, r, need) in [("input", input, in_need), ("output", output, out_need)] {
+        if need > 0 && r.ptr.is_null() {
+            return Err(Error::InvalidArgument(format!("{name} buffer is null")));
+        }
+        if r.len < need {
+            return Err(Error::InvalidArgument(format!(
+                "{name} buffer holds {} bytes, {} of {count} x {} on {world} ranks needs {need}",
+                r.len,
+                kind.name(),
+                dtype.name()
+            )));
+        }
+        if need > 0 && r.ptr as usize % e != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{name} buffer is not aligned to {}",
+                dtype.name()
+            )));
+        }
+    }
+    let input = Region {
+        ptr: input.ptr,
+        len: in_need,
+    };
+    let output = Region {
+        ptr: output.ptr,
+        len: out_need,
+    };
+    let in_place_at = match kind {
+        OpKind::AllGather => output.ptr.wrapping_add(rank * count * e) == input.ptr,
+        OpKind::ReduceScatter => input.ptr.wrapping_add(rank * count * e) == output.ptr,
+        _ => input.ptr == output.ptr,
+    };
+    let in_place = in_place_at && in_need > 0 && out_need > 0;
+    let (a, b) = (input.ptr as usize, output.ptr as usize);
+    let overlap = in_need > 0 && out_need > 0 && a < b + out_need && b < a + in_need;
+    if overlap && !in_place {
+        return Err(Error::InvalidArgument(format!(
+            "input and output overlap without being in place (for {} the in-place input is {})",
+            kind.name(),
+            match kind {
+                OpKind::AllGather => "output + rank * count",
+                OpKind::ReduceScatter => "the output is input + rank * count",
+                _ => "the output itself",
+            }
+        )));
+    }
+    let p = OpParam {
+        kind,
+        count,
+        dtype,
+        op,
+        root,
+        rank,
+        world,
+        in_place,
+        seq: 0,
+    };
+    Ok(Call { p, input, output })
+}
+
+impl Communicator {
+    fn run(
+        &self,
+        kind: OpKind,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        input: Region,
+        output: Region,
+    ) -> Result<()> {
+        let mut call = [make_call(
+            self, kind, count, dtype, op, root, input, output,
+        )?];
+        // SAFETY: the regions come from borrows that outlive the wait below; if the wait fails
+        // the communicator aborts, which drops every queued task.
+        let ev = unsafe { self.submit(self.default_stream(), &mut call)? };
+        self.finish(ev.wait())
+    }
+
+    /// Marks the communicator failed when an operation failed while running.
+    pub(crate) fn finish(&self, r: Result<()>) -> Result<()> {
+        if let Err(e) = &r {
+            self.inner.fail(&e.to_string());
+            self.inner.engine.abort(e.clone());
+        }
+        r
+    }
+
+    /// `recv[i] = op over ranks of send[i]`.
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        self.run(
+            OpKind::AllReduce,
+            send.len(),
+            T::DTYPE,
+            op,
+            0,
+            region_of(send.as_ptr(), send.len()),
+            region_of(recv.as_ptr(), recv.len()),
+        )
+    }
+
+    /// In-place [`Communicator::all_reduce`].
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let r = region_of(buf.as_ptr(), buf.len());
+        self.run(OpKind::AllReduce, buf.len(), T::DTYPE, op, 0, r, r)
+    }
+
+    /// `recv = concat over ranks of send` (`recv.len() == send.len() * world`).
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        self.run(
+            OpKind::AllGather,
+            send.len(),
+            T::DTYPE,
+            ReduceOp::Sum,
+            0,
+            region_of(send.as_ptr(), send.len()),
+            region_of(recv.as_ptr(), recv.len()),
+        )
+    }
+
+    /// In-place allgather: this rank's block is `buf[rank * n..][..n]`, `n = buf.len() / world`.
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let n = self.per_rank(buf.len())?;
+        let out = region_of(buf.as_ptr(), buf.len());
+        let input = region_of(buf[self.rank() * n..].as_ptr(), n);
+        self.run(OpKind::AllGather, n, T::DTYPE, ReduceOp::Sum, 0, input, out)
+    }
+
+    /// `recv = block rank of (op over ranks of send)` (`send.len() == recv.len() * world`).
+    pub fn reduce_scatter<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+    ) -> Result<()> {
+        self.run(
+            OpKind::ReduceScatter,
+            recv.len(),
+            T::DTYPE,
+            op,
+            0,
+            region_of(send.as_ptr(), send.len()),
+            region_of(recv.as_ptr(), recv.len()),
+        )
+    }
+
+    /// In-place reduce-scatter: the result lands in `buf[rank * n..][..n]`.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let n = self.per_rank(buf.len())?;
+        let input = region_of(buf.as_ptr(), buf.len());
+        let out = region_of(buf[self.rank() * n..].as_ptr(), n);
+        self.run(OpKind::ReduceScatter, n, T::DTYPE, op, 0, input, out)
+    }
+
+    /// `buf` of `root` to every rank's `buf`.
+    pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let r = region_of(buf.as_ptr(), buf.len());
+        self.run(
+            OpKind::Broadcast,
+            buf.len(),
+            T::DTYPE,
+            ReduceOp::Sum,
+            root,
+            r,
+            r,
+        )
+    }
+
+    /// Out-of-place broadcast: `send` matters on `root` only (others may pass `&[]`).
+    pub fn broadcast_from<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        root: usize,
+    ) -> Result<()> {
+        self.run(
+            OpKind::Broadcast,
+            recv.len(),
+            T::DTYPE,
+            ReduceOp::Sum,
+            root,
+            region_of(send.as_ptr(), send.len()),
+            region_of(recv.as_ptr(), recv.len()),
+        )
+    }
+
+    /// `recv` on `root` = op over ranks of `send`; other ranks may pass `&mut []` as `recv`.
+    pub fn reduce<T: Element>(
+        &self,
+        send: &[T],
+        recv: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        self.run(
+            OpKind::Reduce,
+            send.len(),
+            T::DTYPE,
+            op,
+            root,
+            region_of(send.as_ptr(), send.len()),
+            region_of(recv.as_ptr(), recv.len()),
+        )
+    }
+
+    /// In-place reduce (the result replaces `buf` on `root`; other ranks' `buf` is unchanged).
+    pub fn reduce_in_place<T: Element>(
+        &self,
+        buf: &mut [T],
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let r = region_of(buf.as_ptr(), buf.len());
+        self.run(OpKind::Reduce, buf.len(), T::DTYPE, op, root, r, r)
+    }
+
+    /// Block `j` of `send` goes to rank `j`; block `j` of `recv` comes from rank `j`.
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let n = self.per_rank(send.len())?;
+        self.run(
+            OpKind::AllToAll,
+            n,
+            T::DTYPE,
+            ReduceOp::Sum,
+            0,
+            region_of(send.as_ptr(), send.len()),
+            region_of(recv.as_ptr(), recv.len()),
+        )
+    }
+
+    /// Sends `buf` to `peer` (matched with `peer`'s `recv` in issue order).
+    pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
+        self.run(
+            OpKind::Send,
+            buf.len(),
+            T::DTYPE,
+            ReduceOp::Sum,
+            peer,
+            region_of(buf.as_ptr(), buf.len()),
+            Region::EMPTY,
+        )
+    }
+
+    /// Receives exactly `buf.len()` elements from `peer`.
+    pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
+        self.run(
+            OpKind::Recv,
+            buf.len(),
+            T::DTYPE,
+            ReduceOp::Sum,
+            peer,
+            Region::EMPTY,
+            region_of(buf.as_ptr(), buf.len()),
+        )
+    }
+
+    /// Blocks until every rank has entered the barrier.
+    pub fn barrier(&self) -> Result<()> {
+        self.run(
+            OpKind::Barrier,
+            0,
+            DataType::U8,
+            ReduceOp::Sum,
+            0,
+            Region::EMPTY,
+            Region::EMPTY,
+        )
+    }
+
+    /// Runs the sends and receives `f` adds to the group concurrently (like
+    /// `ncclGroupStart`/`ncclGroupEnd`), so exchanges that would deadlock one by one work.
+    pub fn group<'b>(&'b self, f: impl FnOnce(&mut Group<'b>) -> Result<()>) -> Result<()> {
+        let mut g = Group {
+            comm: self,
+            calls: Vec::new(),
+        };
+        f(&mut g)?;
+        if g.calls.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the buffers are borrowed for 'b, which outlives this call, and we wait.
+        let ev = unsafe { self.submit(self.default_stream(), &mut g.calls)? };
+        self.finish(ev.wait())
+    }
+
+    fn per_rank(&self, len: usize) -> Result<usize> {
+        if len % self.world() != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "buffer of {len} elements does not split into {} equal blocks",
+                self.world()
+            )));
+        }
+        Ok(len / self.world())
+    }
+
+    /// Asynchronous operations on `stream` (use [`Communicator::default_stream`] for the
+    /// default one).
+    pub fn on<'c>(&'c self, stream: &Stream) -> OnStream<'c> {
+        OnStream {
+            comm: self,
+            stream: stream.clone(),
+        }
+    }
+}
+
+/// Sends and receives issued together (see [`Communicator::group`]).
+pub struct Group<'b> {
+    comm: &'b Communicator,
+    calls: Vec<Call>,
+}
+
+impl<'b> Group<'b> {
+    fn comm(&self) -> &'b Communicator {
+        self.comm
+    }
+
+    /// Adds a send of `buf` to `peer`.
+    pub fn send<T: Element>(&mut self, buf: &'b [T], peer: usize) -> Result<()> {
+        let c = make_call(
+            self.comm(),
+            OpKind::Send,
+            buf.len(),
+            T::DTYPE,
+            ReduceOp::Sum,
+            peer,
+            region_of(buf.as_ptr(), buf.len()),
+            Region::EMPTY,
+        )?;
+        self.calls.push(c);
+        Ok(())
+    }
+
+    /// Adds a receive into `buf` from `peer`.
+    pub fn recv<T: Element>(&mut self, buf: &'b mut [T], peer: usize) -> Result<()> {
+        let c = make_call(
+            self.comm(),
+            OpKind::Recv,
+            buf.len(),
+            T::DTYPE,
+            ReduceOp::Sum,
+            peer,
+            Region::EMPTY,
+            region_of(buf.as_ptr(), buf.len()),
+        )?;
+        self.calls.push(c);
+        Ok(())
+    }
+}
+
+/// Asynchronous operations enqueued on one stream. Each returns an [`OpFuture`] that yields the
+/// buffers back when the operation completes; several may be enqueued before awaiting any.
+pub struct OnStream<'c> {
+    comm: &'c Communicator,
+    stream: Stream,
+}
+
+impl OnStream<'_> {
+    fn start<B: Send + 'static>(&self, call: Result<Call>, bufs: B) -> Result<OpFuture<B>> {
+        let mut call = [call?];
+        // SAFETY: the regions point into `bufs`' heap memory, which `OpFuture` owns until the
+        // event completes (its Drop waits for completion; leaking it leaks the memory too).
+        let ev = unsafe { self.comm.submit(&self.stream, &mut call)? };
+        self.stream.kick();
+        Ok(OpFuture {
+            comm: self.comm.clone(),
+            event: ev,
+            bufs: Some(bufs),
+        })
+    }
+
+    /// In-place allreduce of `buf`.
+    pub fn all_reduce<B: StableBuf>(&self, mut buf: B, op: ReduceOp) -> Result<OpFuture<B>> {
+        let r = region_of(buf.as_mut_ptr(), buf.len());
+        self.start(
+            make_call(
+                self.comm,
+                OpKind::AllReduce,
+                buf.len(),
+                B::Elem::DTYPE,
+                op,
+                0,
+                r,
+                r,
+            ),
+            buf,
+        )
+    }
+
+    /// Out-of-place allgather.
+    pub fn all_gather<S: StableBuf, R: StableBuf<Elem = S::Elem>>(
+        &self,
+        mut send: S,
+        mut recv: R,
+    ) -> Result<OpFuture<(S, R)>> {
+        let (i, o) = (
+            region_of(send.as_mut_ptr(), send.len()),
+            region_of(recv.as_mut_ptr(), recv.len()),
+        );
+        self.start(
+            make_call(
+                self.comm,
+                OpKind::AllGather,
+                send.len(),
+                S::Elem::DTYPE,
+                ReduceOp::Sum,
+                0,
+                i,
+                o,
+            ),
+            (send, recv),
+        )
+    }
+
+    /// Out-of-place reduce-scatter.
+    pub fn reduce_scatter<S: StableBuf, R: StableBuf<Elem = S::Elem>>(
+        &self,
+        mut send: S,
+        mut recv: R,
+        op: ReduceOp,
+    ) -> Result<OpFuture<(S, R)>> {
+        let (i, o) = (
+            region_of(send.as_mut_ptr(), send.len()),
+            region_of(recv.as_mut_ptr(), recv.len()),
+        );
+        self.start(
+            make_call(
+                self.comm,
+                OpKind::ReduceScatter,
+                recv.len(),
+                S::Elem::DTYPE,
+                op,
+                0,
+                i,
+                o,
+            ),
+            (send, recv),
+        )
+    }
+
+    /// In-place broadcast from `root`.
+    pub fn broadcast<B: StableBuf>(&self, mut buf: B, root: usize) -> Result<OpFuture<B>> {
+        let r = region_of(buf.as_mut_ptr(), buf.len());
+        self.start(
+            make_call(
+                self.comm,
+                OpKind::Broadcast,
+                buf.len(),
+                B::Elem::DTYPE,
+                ReduceOp::Sum,
+                root,
+                r,
+                r,
+            ),
+            buf,
+        )
+    }
+
+    /// In-place reduce to `root`.
+    pub fn reduce<B: StableBuf>(
+        &self,
+        mut buf: B,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<OpFuture<B>> {
+        let r = region_of(buf.as_mut_ptr(), buf.len());
+        self.start(
+            make_call(
+                self.comm,
+                OpKind::Reduce,
+                buf.len(),
+                B::Elem::DTYPE,
+                op,
+                root,
+                r,
+                r,
+            ),
+            buf,
+        )
+    }
+
+    /// All-to-all.
+    pub fn all_to_all<S: StableBuf, R: StableBuf<Elem = S::Elem>>(
+        &self,
+        mut send: S,
+        mut recv: R,
+    ) -> Result<OpFuture<(S, R)>> {
+        let n = self.comm.per_rank(send.len())?;
+        let (i, o) = (
+            region_of(send.as_mut_ptr(), send.len()),
+            region_of(recv.as_mut_ptr(), recv.len()),
+        );
+        self.start(
+            make_call(
+                self.comm,
+                OpKind::AllToAll,
+                n,
+                S::Elem::DTYPE,
+                ReduceOp::Sum,
+                0,
+                i,
+                o,
+            ),
+            (send, recv),
+        )
+    }
+
+    /// Send to `peer`.
+    pub fn send<B: StableBuf>(&self, mut buf: B, peer: usize) -> Result<OpFuture<B>> {
+        let r = region_of(buf.as_mut_ptr(), buf.len());
+        self.start(
+            make_call(
+                self.comm,
+                OpKind::Send,
+                buf.len(),
+                B::Elem::DTYPE,
+                ReduceOp::Sum,
+                peer,
+                r,
+                Region::EMPTY,
+            ),
+            buf,
+        )
+    }
+
+    /// Receive from `peer`.
+    pub fn recv<B: StableBuf>(&self, mut buf: B, peer: usize) -> Result<OpFuture<B>> {
+        let r = region_of(buf.as_mut_ptr(), buf.len());
+        self.start(
+            make_call(
+                self.comm,
+                OpKind::Recv,
+                buf.len(),
+                B::Elem::DTYPE,
+                ReduceOp::Sum,
+                peer,
+                Region::EMPTY,
+                r,
+            ),
+            buf,
+        )
+    }
+
+    /// Event completing when everything enqueued on this stream so far has.
+    pub fn event(&self) -> Event {
+        self.stream.record()
+    }
+}
+
+/// An operation in flight; resolves to its buffers. Dropping it before completion blocks until
+/// the operation is done (the memory must stay valid while peers write into it).
+pub struct OpFuture<B> {
+    comm: Communicator,
+    event: Event,
+    bufs: Option<B>,
+}
+
+impl<B> OpFuture<B> {
+    /// Blocks until complete.
+    pub fn wait(mut self) -> Result<B> {
+        let r = self.comm.finish(self.event.wait());
+        let b = self.bufs.take().expect("buffers present until completion");
+        r.map(|()| b)
+    }
+}
+
+impl<B: Unpin> Future for OpFuture<B> {
+    type Output = Result<B>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Result<B>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.event).poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(r) => {
+                let r = this.comm.finish(r);
+                let b = this.bufs.take().expect("polled after completion");
+                Poll::Ready(r.map(|()| b))
+            }
+        }
+    }
+}
+
+impl<B> Drop for OpFuture<B> {
+    fn drop(&mut self) {
+        if self.bufs.is_some() {
+            let _ = self.comm.finish(self.event.wait());
+        }
+    }
+}

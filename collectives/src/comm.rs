@@ -1,0 +1,440 @@
+//! `Communicator`: a group of ranks and everything an operation needs (HCCL's framework
+//! steps): validate → operator selects `(algorithm, new_tag)` → resources by tag (created from
+//! the executor's request on first use, then cached) → executor orchestrates onto streams.
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use ampccl_runtime::engine::Engine;
+use ampccl_runtime::notify::Notify;
+use ampccl_runtime::stream::{Event, Stream};
+use ampccl_runtime::{Error, Result};
+use ampccl_transport::bootstrap::{Bootstrap, UniqueId};
+use ampccl_transport::link::Link;
+use ampccl_transport::probe;
+use ampccl_transport::shm::{self, ShmConfig, ShmDevice};
+
+use crate::config::{self, Config};
+use crate::executor::{Operator, SelectCtx};
+use crate::op::{OpKind, OpParam};
+use crate::operator;
+use crate::registry::{Entry, Registry};
+use crate::resource::{AlgResourceResponse, BufKind};
+use crate::sink::{Region, StreamSink, slot};
+
+/// Resources of one `(algorithm, new_tag)`, created once and reused.
+struct Resources {
+    slaves: Vec<Stream>,
+    notifies: Vec<Notify>,
+    scratch: Mutex<Vec<u64>>,
+    scratch_len: usize,
+}
+
+pub(crate) struct CommInner {
+    pub(crate) rank: usize,
+    pub(crate) world: usize,
+    pub(crate) boot: Bootstrap,
+    pub(crate) dev: Arc<ShmDevice>,
+    pub(crate) engine: Engine,
+    pub(crate) default_stream: Stream,
+    pub(crate) config: Config,
+    registry: Registry,
+    links: Vec<OnceLock<Arc<Link>>>,
+    link_table: Mutex<Vec<Option<Arc<Link>>>>,
+    cache: Mutex<HashMap<(&'static str, u64), Arc<Resources>>>,
+    /// Completion of the latest operation and its stream (operations of a communicator run in
+    /// issue order, whatever stream they are on: they share the CCL buffers and links).
+    last: Mutex<Option<(Stream, Event)>>,
+    /// Streams of group members (grown on demand).
+    group_streams: Mutex<Vec<Stream>>,
+    seq: AtomicU64,
+    failed: AtomicBool,
+    splits: AtomicU64,
+}
+
+/// A communicator: the ranks of one group and the resources to run collectives among them.
+///
+/// Cheap to clone (shared handle). All methods are thread-safe; operations issued from
+/// several threads are ordered by issue time and must be issued in the same order on every
+/// rank, as with NCCL.
+#[derive(Clone)]
+pub struct Communicator {
+    pub(crate) inner: Arc<CommInner>,
+}
+
+/// Bootstrap tag of communicator setup and split exchanges.
+const TAG_SPLIT: u64 = 0x5350_4c00_0000_0000;
+
+impl Communicator {
+    /// Joins the communicator of `world` ranks named by `id` as `rank` (like
+    /// `ncclCommInitRank`), with configuration from the environment.
+    pub fn init(id: &UniqueId, rank: usize, world: usize) -> Result<Communicator> {
+        Communicator::init_with(id, rank, world, Config::from_env()?, Registry::builtin())
+    }
+
+    /// As [`Communicator::init`] with explicit configuration and algorithms.
+    pub fn init_with(
+        id: &UniqueId,
+        rank: usize,
+        world: usize,
+        config: Config,
+        registry: Registry,
+    ) -> Result<Communicator> {
+        config::init_logging();
+        let boot = Bootstrap::init(id, rank, world, config.timeout)?;
+        Communicator::from_bootstrap(boot, config, registry)
+    }
+
+    /// Joins using `AMPCCL_UNIQUE_ID` + `RANK`/`WORLD_SIZE`, or torchrun's `MASTER_ADDR`,
+    /// `MASTER_PORT`, `RANK`, `WORLD_SIZE`.
+    pub fn from_env() -> Result<Communicator> {
+        config::init_logging();
+        let config = Config::from_env()?;
+        let boot = Bootstrap::from_env(config.timeout)?;
+        Communicator::from_bootstrap(boot, config, Registry::builtin())
+    }
+
+    /// Builds the communicator over an established bootstrap.
+    pub fn from_bootstrap(
+        boot: Bootstrap,
+        config: Config,
+        registry: Registry,
+    ) -> Result<Communicator> {
+        let (rank, world) = (boot.rank(), boot.world());
+        probe::select(&boot, config.transport.as_deref())?;
+        let shm_cfg = ShmConfig {
+            window: 2 * config.buffsize,
+            depth: config.fifo_depth,
+            allow_cma: config.allow_cma,
+        };
+        let dev = shm::connect(&boot, &shm_cfg)?;
+        let engine = Engine::new(dev.doorbell(), config.timeout);
+        let health_dev = dev.clone();
+        engine.set_health_check(Box::new(move || health_dev.check_peers_failed()));
+        let default_stream = engine.stream();
+        if rank == 0 {
+            tracing::info!("communicator of {world} ranks: {config:?}");
+        }
+        Ok(Communicator {
+            inner: Arc::new(CommInner {
+                rank,
+                world,
+                boot,
+                dev,
+                engine,
+                default_stream,
+                config,
+                registry,
+                links: (0..world).map(|_| OnceLock::new()).collect(),
+                link_table: Mutex::new(vec![None; world]),
+                cache: Mutex::new(HashMap::new()),
+                last: Mutex::new(None),
+                group_streams: Mutex::new(Vec::new()),
+                seq: AtomicU64::new(0),
+                failed: AtomicBool::new(false),
+                splits: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.inner.rank
+    }
+
+    /// Number of ranks.
+    pub fn world(&self) -> usize {
+        self.inner.world
+    }
+
+    /// The stream operations use when none is given.
+    pub fn default_stream(&self) -> &Stream {
+        &self.inner.default_stream
+    }
+
+    /// A new stream for this communicator's operations.
+    pub fn stream(&self) -> Stream {
+        self.inner.engine.stream()
+    }
+
+    /// The algorithms this communicator can run.
+    pub fn registry(&self) -> &Registry {
+        &self.inner.registry
+    }
+
+    /// Whether the shared-memory transport writes straight into peers' user buffers
+    /// (cross-memory attach) rather than through bounce buffers.
+    pub fn uses_cross_memory_attach(&self) -> bool {
+        self.inner.dev.uses_cma()
+    }
+
+    /// The first error this communicator met, if any (like `ncclCommGetAsyncError`).
+    pub fn async_error(&self) -> Option<Error> {
+        if let Some(e) = self.inner.engine.abort_reason() {
+            return Some(e);
+        }
+        let last = self.inner.last.lock().unwrap_or_else(|p| p.into_inner());
+        last.as_ref()
+            .and_then(|(_, ev)| ev.status())
+            .and_then(|r| r.err())
+    }
+
+    /// Stops everything: queued and running operations fail with `Aborted`, peers are told
+    /// this rank failed (their waits on it end with an error), and no later operation runs.
+    pub fn abort(&self) {
+        self.inner.fail("aborted by the application");
+        self.inner
+            .engine
+            .abort(Error::Aborted("communicator aborted".into()));
+    }
+
+    /// Waits for every issued operation, then releases this handle (the resources go when
+    /// the last clone is dropped).
+    pub fn destroy(self) -> Result<()> {
+        let last = self
+            .inner
+            .last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        match last {
+            Some((_, ev)) => ev.wait(),
+            None => Ok(()),
+        }
+    }
+
+    /// Splits into sub-communicators (like `ncclCommSplit`): ranks passing the same `color`
+    /// form one, ordered by `key` then by rank here. A negative color (NCCL's
+    /// `NCCL_SPLIT_NOCOLOR`) joins none and returns `None`. Collective over this communicator.
+    pub fn split(&self, color: i32, key: i32) -> Result<Option<Communicator>> {
+        let n = self.inner.splits.fetch_add(1, Ordering::Relaxed);
+        let mut mine = Vec::with_capacity(8);
+        mine.extend_from_slice(&color.to_le_bytes());
+        mine.extend_from_slice(&key.to_le_bytes());
+        let all = self.inner.boot.allgather(TAG_SPLIT | n, &mine)?;
+        if color < 0 {
+            return Ok(None);
+        }
+        let mut members: Vec<(i32, usize)> = Vec::new();
+        for (r, m) in all.iter().enumerate() {
+            let (Some(c), Some(k)) = (m.get(0..4), m.get(4..8)) else {
+                return Err(Error::Remote(format!(
+                    "rank {r} sent a malformed split record"
+                )));
+            };
+            if i32::from_le_bytes(c.try_into().unwrap()) == color {
+                members.push((i32::from_le_bytes(k.try_into().unwrap()), r));
+            }
+        }
+        members.sort();
+        let ranks: Vec<usize> = members.into_iter().map(|(_, r)| r).collect();
+        let sub = self.inner.boot.subgroup(&ranks, (n << 32) | color as u64)?;
+        Communicator::from_bootstrap(sub, self.inner.config.clone(), self.inner.registry.clone())
+            .map(Some)
+    }
+
+    /// Enqueues `calls` on `stream` and returns the completion event of all of them. One call
+    /// runs on `stream` itself; several (a group) run concurrently on the communicator's group
+    /// streams, joined back into `stream`. Either way they start after the previous operation
+    /// of this communicator.
+    ///
+    /// # Safety
+    /// The calls' regions must stay valid (inputs for reads, outputs for exclusive writes)
+    /// until the returned event completes.
+    pub(crate) unsafe fn submit(&self, stream: &Stream, calls: &mut [Call]) -> Result<Event> {
+        let c = &*self.inner;
+        if let Some(e) = c.engine.abort_reason() {
+            return Err(e);
+        }
+        if c.failed.load(Ordering::Acquire) {
+            return Err(Error::InvalidUsage(
+                "the communicator failed earlier (see the first error); abort and recreate it"
+                    .into(),
+            ));
+        }
+        for call in calls.iter_mut() {
+            call.p.seq = c.seq.fetch_add(1, Ordering::Relaxed);
+            operator::for_kind(call.p.kind).validate(&call.p)?;
+        }
+        let mut last = c.last.lock().unwrap_or_else(|e| e.into_inner());
+        let prior = last
+            .as_ref()
+            .filter(|(_, ev)| !ev.is_done())
+            .map(|(s, ev)| (s.clone(), ev.clone()));
+        let after_prior = |s: &Stream| {
+            if let Some((ps, ev)) = &prior
+                && !ps.same_as(s)
+            {
+                s.wait_event(ev);
+            }
+        };
+        let result = if let [call] = calls {
+            after_prior(stream);
+            c.orchestrate(stream, call)
+        } else {
+            let mut streams = c.group_streams.lock().unwrap_or_else(|e| e.into_inner());
+            while streams.len() < calls.len() {
+                streams.push(c.engine.stream());
+            }
+            let mut r = Ok(());
+            for (call, s) in calls.iter().zip(streams.iter()) {
+                after_prior(s);
+                r = c.orchestrate(s, call);
+                if r.is_err() {
+                    break;
+                }
+                stream.wait_event(&s.record());
+            }
+            r
+        };
+        if let Err(e) = result {
+            // Part of the operation may be queued: the ranks are out of step now.
+            c.fail(&e.to_string());
+            c.engine.abort(e.clone());
+            return Err(e);
+        }
+        let ev = stream.record();
+        *last = Some((stream.clone(), ev.clone()));
+        Ok(ev)
+    }
+}
+
+/// A validated operation: its parameters and buffers.
+pub(crate) struct Call {
+    pub p: OpParam,
+    pub input: Region,
+    pub output: Region,
+}
+
+impl CommInner {
+    fn select(&self, p: &OpParam, op: &dyn Operator, ctx: &SelectCtx) -> Result<(&Entry, u64)> {
+        if let Some(name) = self.config.forced.get(&p.kind) {
+            let e = self.registry.get(name).ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "AMPCCL_ALGO_{}={name}: no such algorithm (registered:\n{})",
+                    p.kind.name().to_uppercase(),
+                    self.registry
+                ))
+            })?;
+            if e.kind != p.kind {
+                return Err(Error::InvalidArgument(format!(
+                    "algorithm {name} runs {}, not {}",
+                    e.kind.name(),
+                    p.kind.name()
+                )));
+            }
+            return Ok((e, 0));
+        }
+        let (name, tag) = op.select_alg(p, ctx);
+        let e = self.registry.get(name).ok_or_else(|| {
+            Error::Internal(format!("operator selected unregistered algorithm {name}"))
+        })?;
+        Ok((e, tag))
+    }
+
+    /// Selects, fetches resources and orchestrates one call onto `stream`.
+    fn orchestrate(&self, stream: &Stream, call: &Call) -> Result<()> {
+        let p = &call.p;
+        if p.kind == OpKind::Send && p.root == self.rank {
+            return Err(Error::InvalidArgument(
+                "a send to this rank itself needs a group with the matching recv".into(),
+            ));
+        }
+        let ctx = SelectCtx {
+            ccl_size: self.config.buffsize,
+            user_mem_links: self.dev.uses_cma(),
+        };
+        let (entry, new_tag) = self.select(p, operator::for_kind(p.kind), &ctx)?;
+        let res = self.resources(entry, new_tag, p)?;
+        let mut scratch = res.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let (window, _) = self.dev.window();
+        let b = self.config.buffsize;
+        let mut regions = [Region::EMPTY; 5];
+        regions[slot(BufKind::UserIn)] = call.input;
+        regions[slot(BufKind::UserOut)] = call.output;
+        regions[slot(BufKind::CclIn)] = Region {
+            ptr: window,
+            len: b,
+        };
+        // SAFETY: the window holds two buffers of `b` bytes.
+        regions[slot(BufKind::CclOut)] = Region {
+            ptr: unsafe { window.add(b) },
+            len: b,
+        };
+        regions[slot(BufKind::Scratch)] = Region {
+            ptr: scratch.as_mut_ptr().cast(),
+            len: res.scratch_len,
+        };
+        let mut desc = [0u8; 200];
+        let n = {
+            let mut cur = std::io::Cursor::new(&mut desc[..]);
+            let _ = write!(cur, "{} on rank {}", p.describe(), p.rank);
+            cur.position() as usize
+        };
+        self.dev
+            .set_op(std::str::from_utf8(&desc[..n]).unwrap_or("?"));
+        let links = self.link_table.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sink = StreamSink {
+            main: stream,
+            slaves: &res.slaves,
+            notifies: &res.notifies,
+            links: &links,
+            regions,
+            tag: p.fingerprint(),
+        };
+        let mut resp = AlgResourceResponse {
+            ccl_in_size: b,
+            ccl_out_size: b,
+            scratch_size: res.scratch_len,
+            stream_num: res.slaves.len(),
+            notify_num: res.notifies.len(),
+            user_mem_links: ctx.user_mem_links,
+            tasks: &mut sink,
+        };
+        entry.executor.orchestrate(p, &mut resp)?;
+        drop(links);
+        drop(scratch);
+        Ok(())
+    }
+
+    fn resources(&self, entry: &Entry, new_tag: u64, p: &OpParam) -> Result<Arc<Resources>> {
+        let key = (entry.name, new_tag);
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(r) = cache.get(&key) {
+            return Ok(r.clone());
+        }
+        let req = entry.executor.calc_res_request(p);
+        for peer in req.peers() {
+            if peer >= self.world || peer == self.rank {
+                return Err(Error::Internal(format!(
+                    "algorithm {} requested a link to rank {peer} (world {}, rank {})",
+                    entry.name, self.world, self.rank
+                )));
+            }
+            let link = self.links[peer]
+                .get_or_init(|| Link::new(self.dev.clone(), peer))
+                .clone();
+            self.link_table.lock().unwrap_or_else(|e| e.into_inner())[peer] = Some(link);
+        }
+        let words = req.scratch_mem_size.div_ceil(8);
+        let r = Arc::new(Resources {
+            slaves: (0..req.stream_num).map(|_| self.engine.stream()).collect(),
+            notifies: (0..req.notify_num).map(|_| self.engine.notify()).collect(),
+            scratch: Mutex::new(vec![0u64; words]),
+            scratch_len: req.scratch_mem_size,
+        });
+        tracing::debug!("resources for {} tag {new_tag}: {req:?}", entry.name);
+        cache.insert(key, r.clone());
+        Ok(r)
+    }
+
+    /// Marks the communicator failed and tells the peers.
+    pub(crate) fn fail(&self, msg: &str) {
+        if !self.failed.swap(true, Ordering::AcqRel) {
+            tracing::error!("rank {}: {msg}", self.rank);
+            self.dev.mark_failed(msg);
+        }
+    }
+}

@@ -1,0 +1,12 @@
+//! Barrier operator: acks with every peer.
+
+use crate::executor::{Operator, SelectCtx};
+use crate::op::OpParam;
+
+pub struct BarrierOperator;
+
+impl Operator for BarrierOperator {
+    fn select_alg(&self, _p: &OpParam, _ctx: &SelectCtx) -> (&'static str, u64) {
+        ("BarrierMesh", 0)
+    }
+}

@@ -1,0 +1,12 @@
+//! Reduce operator: pipelined chain toward the root.
+
+use crate::executor::{Operator, SelectCtx};
+use crate::op::OpParam;
+
+pub struct ReduceOperator;
+
+impl Operator for ReduceOperator {
+    fn select_alg(&self, _p: &OpParam, _ctx: &SelectCtx) -> (&'static str, u64) {
+        ("ReduceChain", 0)
+    }
+}

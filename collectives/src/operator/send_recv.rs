@@ -1,0 +1,20 @@
+//! Send and Recv operators: the chunked loop through the CCL buffer (seed 001).
+
+use crate::executor::{Operator, SelectCtx};
+use crate::op::OpParam;
+
+pub struct SendOperator;
+
+impl Operator for SendOperator {
+    fn select_alg(&self, _p: &OpParam, _ctx: &SelectCtx) -> (&'static str, u64) {
+        ("Send", 0)
+    }
+}
+
+pub struct RecvOperator;
+
+impl Operator for RecvOperator {
+    fn select_alg(&self, _p: &OpParam, _ctx: &SelectCtx) -> (&'static str, u64) {
+        ("Recv", 0)
+    }
+}

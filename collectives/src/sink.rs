@@ -1,0 +1,220 @@
+//! The framework's [`TaskSink`]: resolves [`Mem`] positions to pointers (bounds-checked) and
+//! enqueues runtime tasks on the operation's streams.
+
+use std::sync::Arc;
+
+use ampccl_runtime::notify::Notify;
+use ampccl_runtime::stream::Stream;
+use ampccl_runtime::task::Task;
+use ampccl_runtime::{DataType, Error, ReduceOp, Result};
+use ampccl_transport::link::Link;
+
+use crate::resource::{BufKind, Mem, NotifyId, StreamId, TaskSink};
+
+/// A buffer an operation may touch: base pointer and length in bytes.
+#[derive(Clone, Copy)]
+pub(crate) struct Region {
+    pub ptr: *mut u8,
+    pub len: usize,
+}
+
+impl Region {
+    pub(crate) const EMPTY: Region = Region {
+        ptr: std::ptr::null_mut(),
+        len: 0,
+    };
+}
+
+/// Enqueues an operation's tasks.
+pub(crate) struct StreamSink<'a> {
+    pub main: &'a Stream,
+    pub slaves: &'a [Stream],
+    pub notifies: &'a [Notify],
+    /// Links by peer rank (built for the peers the executor requested).
+    pub links: &'a [Option<Arc<Link>>],
+    /// Indexed by `BufKind as usize`.
+    pub regions: [Region; 5],
+    pub tag: u32,
+}
+
+impl StreamSink<'_> {
+    fn stream(&self, s: StreamId) -> Result<&Stream> {
+        match s {
+            0 => Ok(self.main),
+            _ => self
+                .slaves
+                .get(s - 1)
+                .ok_or_else(|| bug(format!("stream {s} was not requested"))),
+        }
+    }
+
+    fn ptr(&self, m: Mem, len: usize) -> Result<*mut u8> {
+        let r = self.regions[m.buf as usize];
+        match m.off.checked_add(len) {
+            Some(end) if end <= r.len => {
+                // SAFETY: `off + len <= r.len`, inside the region (possibly one past its end for
+                // zero-length accesses).
+                Ok(if len == 0 {
+                    r.ptr
+                } else {
+                    unsafe { r.ptr.add(m.off) }
+                })
+            }
+            _ => Err(bug(format!(
+                "{:?}+{} out of bounds (buffer holds {} bytes)",
+                m, len, r.len
+            ))),
+        }
+    }
+
+    fn link(&self, peer: usize) -> Result<&Arc<Link>> {
+        self.links
+            .get(peer)
+            .and_then(Option::as_ref)
+            .ok_or_else(|| bug(format!("no link to rank {peer} was requested")))
+    }
+
+    fn notify(&self, n: NotifyId) -> Result<&Notify> {
+        self.notifies
+            .get(n)
+            .ok_or_else(|| bug(format!("notify {n} was not requested")))
+    }
+
+    fn push(&self, s: StreamId, t: Task) -> Result<()> {
+        let st = self.stream(s)?;
+        // SAFETY: every pointer in `t` was resolved by `ptr` inside a region the caller of the
+        // operation guaranteed valid until the operation's event completes.
+        unsafe { st.enqueue(t) };
+        Ok(())
+    }
+}
+
+fn bug(msg: String) -> Error {
+    Error::Internal(format!("executor bug: {msg}"))
+}
+
+impl TaskSink for StreamSink<'_> {
+    fn copy(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let (d, r) = (self.ptr(dst, len)?, self.ptr(src, len)?);
+        if d as *const u8 == r as *const u8 {
+            return Ok(());
+        }
+        self.push(
+            s,
+            Task::Copy {
+                dst: d,
+                src: r,
+                len,
+            },
+        )
+    }
+
+    fn reduce(
+        &mut self,
+        s: StreamId,
+        dtype: DataType,
+        op: ReduceOp,
+        dst: Mem,
+        a: Mem,
+        b: Mem,
+        count: usize,
+    ) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let n = count * dtype.size();
+        let t = Task::Reduce {
+            dtype,
+            op,
+            dst: self.ptr(dst, n)?,
+            a: self.ptr(a, n)?,
+            b: self.ptr(b, n)?,
+            count,
+        };
+        self.push(s, t)
+    }
+
+    fn finish_avg(
+        &mut self,
+        s: StreamId,
+        dtype: DataType,
+        dst: Mem,
+        count: usize,
+        n: usize,
+    ) -> Result<()> {
+        if count == 0 || n == 1 {
+            return Ok(());
+        }
+        let dst = self.ptr(dst, count * dtype.size())?;
+        self.push(
+            s,
+            Task::FinishAvg {
+                dtype,
+                dst,
+                count,
+                n,
+            },
+        )
+    }
+
+    fn record(&mut self, s: StreamId, n: NotifyId) -> Result<()> {
+        let t = Task::Record(self.notify(n)?.clone());
+        self.push(s, t)
+    }
+
+    fn wait(&mut self, s: StreamId, n: NotifyId) -> Result<()> {
+        let notify = self.notify(n)?.clone();
+        self.stream(s)?;
+        let target = notify.next_wait();
+        self.push(s, Task::Wait { notify, target })
+    }
+
+    fn tx_ack(&mut self, s: StreamId, peer: usize) -> Result<()> {
+        self.link(peer)?.tx_ack(self.stream(s)?);
+        Ok(())
+    }
+
+    fn rx_ack(&mut self, s: StreamId, peer: usize) -> Result<()> {
+        self.link(peer)?.rx_ack(self.stream(s)?);
+        Ok(())
+    }
+
+    fn tx_async(&mut self, s: StreamId, peer: usize, src: Mem, len: usize) -> Result<()> {
+        let p = self.ptr(src, len)?;
+        // SAFETY: `p` is valid until the operation completes (see `push`).
+        unsafe { self.link(peer)?.tx_async(self.stream(s)?, p, len, self.tag) };
+        Ok(())
+    }
+
+    fn rx_async(&mut self, s: StreamId, peer: usize, dst: Mem, len: usize) -> Result<()> {
+        let link = self.link(peer)?;
+        if !dst.is_window() && !link.receives_into_user_memory() {
+            return Err(bug(format!(
+                "receive into {:?}, which peers cannot write",
+                dst.buf
+            )));
+        }
+        let p = self.ptr(dst, len)?;
+        // SAFETY: as for `tx_async`.
+        unsafe { link.rx_async(self.stream(s)?, p, len, self.tag) };
+        Ok(())
+    }
+
+    fn tx_wait_done(&mut self, s: StreamId, peer: usize) -> Result<()> {
+        self.link(peer)?.tx_wait_done(self.stream(s)?);
+        Ok(())
+    }
+
+    fn rx_wait_done(&mut self, s: StreamId, peer: usize, len: usize) -> Result<()> {
+        self.link(peer)?.rx_wait_done(self.stream(s)?, len);
+        Ok(())
+    }
+}
+
+/// Index of each buffer kind in [`StreamSink::regions`].
+pub(crate) const fn slot(b: BufKind) -> usize {
+    b as usize
+}

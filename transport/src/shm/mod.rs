@@ -1,0 +1,16 @@
+//! Shared-memory provider: processes on one host.
+//!
+//! - [`segment`]: POSIX shared-memory segments (0600, unguessable names, unlinked once mapped,
+//!   stale ones swept);
+//! - [`cma`]: cross-memory attach (`process_vm_writev`) and its probe;
+//! - [`layout`]: what a rank's segment holds; [`connect`]: setup; [`device`]: the data path
+//!   (an [`RmaDevice`](crate::device::RmaDevice)).
+
+pub mod cma;
+pub mod connect;
+pub mod device;
+pub mod layout;
+pub mod segment;
+
+pub use connect::{ShmConfig, connect};
+pub use device::ShmDevice;
