@@ -11,7 +11,8 @@
 //!   `&mut` (`dst == a == b`). Non-aliasing slices are what lets LLVM vectorize without runtime
 //!   overlap checks.
 //! * `f16` / `bf16` are reduced in `f32`: blocks of [`HALF_BLOCK`] elements are widened into stack
-//!   buffers with [`HalfFloatSliceExt`] (hardware F16C where available), reduced with the `f32`
+//!   buffers (`f16`: `half`'s F16C bulk conversion; `bf16`: vectorized bit manipulation),
+//!   reduced with the `f32`
 //!   kernel, and rounded back. Each result is rounded once, exactly as the per-element
 //!   `from_f32(op(a.to_f32(), b.to_f32()))` would.
 //! * On x86-64 the loops are additionally compiled with AVX2 enabled and chosen at run time with
@@ -353,21 +354,59 @@ fn run_kernel<T: Arith, O: BinOp>(ops: Operands<'_, T>) {
     }
 }
 
+/// `f16`/`bf16` block conversion to and from `f32` (exact widening, round-to-nearest-even
+/// narrowing, bit-identical to `half`'s scalar `to_f32` / `from_f32`).
+trait HalfFloat: Copy {
+    fn widen(src: &[Self], dst: &mut [f32]);
+    fn narrow(dst: &mut [Self], src: &[f32]);
+}
+
+impl HalfFloat for f16 {
+    /// `half`'s bulk conversion (F16C instructions when the CPU has them).
+    #[inline(always)]
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst)
+    }
+    #[inline(always)]
+    fn narrow(dst: &mut [Self], src: &[f32]) {
+        dst.convert_from_f32_slice(src)
+    }
+}
+
+impl HalfFloat for bf16 {
+    /// Branch-free bit manipulation, so it vectorizes (`half` converts `bf16` one by one).
+    #[inline(always)]
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+        }
+    }
+    #[inline(always)]
+    fn narrow(dst: &mut [Self], src: &[f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            let x = s.to_bits();
+            // Round to nearest, ties to even; carries into the exponent (up to infinity) as
+            // it should. NaNs are truncated and made quiet, as `bf16::from_f32` does.
+            let rounded = (x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16) as u16;
+            let quiet_nan = ((x >> 16) | 0x0040) as u16;
+            let is_nan = x & 0x7fff_ffff > 0x7f80_0000;
+            *d = bf16::from_bits(if is_nan { quiet_nan } else { rounded });
+        }
+    }
+}
+
 /// Reduction of `f16`/`bf16` operands through `f32` blocks of [`HALF_BLOCK`] elements.
 #[inline(always)]
-fn run_half<H: Copy, O: BinOp>(ops: Operands<'_, H>)
-where
-    [H]: HalfFloatSliceExt,
-{
+fn run_half<H: HalfFloat, O: BinOp>(ops: Operands<'_, H>) {
     let mut fa = [0f32; HALF_BLOCK];
     let mut fb = [0f32; HALF_BLOCK];
     // `(x, y)` widened, reduced in `fa`, rounded back into `out`.
     let mut block = |out: &mut [H], x: Option<&[H]>, y: Option<&[H]>, swap: bool| {
         let n = out.len();
         let (fa, fb) = (&mut fa[..n], &mut fb[..n]);
-        x.unwrap_or(out).convert_to_f32_slice(fa);
+        H::widen(x.unwrap_or(out), fa);
         match y {
-            Some(y) => y.convert_to_f32_slice(fb),
+            Some(y) => H::widen(y, fb),
             None => fb.copy_from_slice(fa),
         }
         if swap {
@@ -375,7 +414,7 @@ where
         } else {
             kernel2::<f32, O, false>(fa, fb);
         }
-        out.convert_from_f32_slice(fa);
+        H::narrow(out, fa);
     };
     match ops {
         Operands::Three { dst, a, b } => {
@@ -424,10 +463,7 @@ impl<T: Arith, O: BinOp> Job for Native<'_, T, O> {
 
 /// `dst ⊕= …` on `f16`/`bf16`, through `f32`.
 struct Half<'a, H, O>(Operands<'a, H>, PhantomData<O>);
-impl<H: Copy, O: BinOp> Job for Half<'_, H, O>
-where
-    [H]: HalfFloatSliceExt,
-{
+impl<H: HalfFloat, O: BinOp> Job for Half<'_, H, O> {
     #[inline(always)]
     fn run(self) {
         run_half::<H, O>(self.0)
@@ -535,9 +571,9 @@ macro_rules! half_reducible {
                 let mut buf = [0f32; HALF_BLOCK];
                 for d in dst.chunks_mut(HALF_BLOCK) {
                     let buf = &mut buf[..d.len()];
-                    d.convert_to_f32_slice(buf);
+                    <$t as HalfFloat>::widen(d, buf);
                     buf.iter_mut().for_each(|x| *x /= n);
-                    d.convert_from_f32_slice(buf);
+                    <$t as HalfFloat>::narrow(d, buf);
                 }
             }
         }
@@ -832,6 +868,32 @@ mod tests {
             case::<bf16>(bf16::from_f32);
         }
         BASELINE_ONLY.with(|b| b.set(false));
+    }
+
+    /// The vectorized `bf16` conversions against `half`'s scalar ones, over a sweep of every f32
+    /// bit pattern class (ties, carries into the exponent, overflow to infinity, NaNs).
+    #[test]
+    fn bf16_block_conversion_matches_half() {
+        let extra = [
+            0x7f7f_ffff,
+            0x7f7f_8000,
+            0x3f80_8000,
+            0x3f81_8000,
+            0x7f80_0001,
+            0xff80_0001,
+        ];
+        let bits: Vec<u32> = (0..=u32::MAX).step_by(977).chain(extra).collect();
+        for chunk in bits.chunks(HALF_BLOCK) {
+            let f: Vec<f32> = chunk.iter().map(|&b| f32::from_bits(b)).collect();
+            let mut got = vec![bf16::ZERO; f.len()];
+            bf16::narrow(&mut got, &f);
+            let want: Vec<bf16> = f.iter().map(|&x| bf16::from_f32(x)).collect();
+            assert_same("bf16 narrow", &got, &want);
+            let mut back = vec![0f32; f.len()];
+            bf16::widen(&got, &mut back);
+            let want_back: Vec<f32> = got.iter().map(|x| x.to_f32()).collect();
+            assert_same("bf16 widen", &back, &want_back);
+        }
     }
 
     #[test]
