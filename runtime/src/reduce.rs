@@ -1,16 +1,58 @@
 //! Reduction kernels for every [`DataType`] × [`ReduceOp`].
 //!
-//! Written as plain element-wise loops over typed slices so the compiler vectorizes them.
-//! `Avg` is reduced as `Sum`; [`finish_avg`] divides by the rank count afterwards (as NCCL).
+//! # Design
+//!
+//! * Each (element type, operator) pair gets its own monomorphized loop: the operator is a
+//!   zero-sized type implementing [`BinOp`], so the loop body is a single inlined expression that
+//!   LLVM vectorizes (packed SSE2 on the x86-64 baseline).
+//! * The raw-pointer entry point [`reduce`] turns its pointers into slices before looping, picking
+//!   one of three shapes so that no `&mut` ever aliases another reference: three disjoint slices
+//!   (`dst = a ⊕ b`), one `&mut` plus one `&` (in place, `dst == a` or `dst == b`), or a single
+//!   `&mut` (`dst == a == b`). Non-aliasing slices are what lets LLVM vectorize without runtime
+//!   overlap checks.
+//! * `f16` / `bf16` are reduced in `f32`: blocks of [`HALF_BLOCK`] elements are widened into stack
+//!   buffers (`f16`: `half`'s F16C bulk conversion; `bf16`: vectorized bit manipulation),
+//!   reduced with the `f32`
+//!   kernel, and rounded back. Each result is rounded once, exactly as the per-element
+//!   `from_f32(op(a.to_f32(), b.to_f32()))` would.
+//! * On x86-64 the loops are additionally compiled with AVX2 enabled and chosen at run time with
+//!   `is_x86_feature_detected!("avx2")` (the detection result is cached by `std`). Both variants
+//!   come from the same generic source; nothing is written twice.
+//!
+//! # Semantics
+//!
+//! * Integer `Sum` and `Prod` wrap (two's complement), as on the GPU.
+//! * Float `Max` is `if b > a { b } else { a }` and `Min` is `if b < a { b } else { a }` for
+//!   every float type (`f16`, `bf16` compared after exact widening to `f32`). Consequently a NaN in
+//!   `a` is returned as is, and a NaN in `b` is ignored (the result is `a`). This is *not* IEEE
+//!   `maxNum` nor CUDA's `fmaxf` (which return the non-NaN operand in both cases); it is what x86
+//!   `maxps`/`minps` compute, so it costs one instruction per vector. `-0.0` and `+0.0` compare
+//!   equal, so `a` is returned.
+//! * `Avg` is reduced as `Sum`; [`finish_avg`] divides by the rank count afterwards (as NCCL's
+//!   sum-then-divide). Integer division truncates toward zero; `f16`/`bf16` divide in `f32` by the
+//!   exact count and round once.
 
-use crate::dtype::{DataType, ReduceOp};
+use crate::dtype::{DataType, Element, ReduceOp};
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
+use std::marker::PhantomData;
+
+/// Number of `f16`/`bf16` elements widened to `f32` at a time (two 1 KiB stack buffers).
+pub const HALF_BLOCK: usize = 256;
+
+// ---------------------------------------------------------------------------------------------
+// Public entry points
+// ---------------------------------------------------------------------------------------------
 
 /// `dst[i] = a[i] ⊕ b[i]` for `i < count`, elements of type `dtype`.
+///
+/// `Avg` is reduced as `Sum`; call [`finish_avg`] on the final result.
 ///
 /// # Safety
 /// `a` and `b` must be valid for `count` reads, `dst` for `count` writes, all aligned to
 /// `dtype.size()`. `dst` may be equal to `a` or `b` (in place) but must not otherwise overlap.
+/// `a` and `b` may overlap each other arbitrarily (they are only read). No other thread may write
+/// `a` or `b`, or access `dst`, during the call.
 pub unsafe fn reduce(
     dtype: DataType,
     op: ReduceOp,
@@ -21,8 +63,9 @@ pub unsafe fn reduce(
 ) {
     macro_rules! go {
         ($t:ty) => {{
-            // SAFETY: forwarded from the caller's contract.
-            unsafe { reduce_typed::<$t>(op, dst.cast(), a.cast(), b.cast(), count) }
+            // SAFETY: forwarded from the caller's contract; `$t` is the element type of `dtype`,
+            // so the alignment and validity requirements are the ones the caller promised.
+            unsafe { reduce_raw::<$t>(op, dst.cast(), a.cast(), b.cast(), count) }
         }};
     }
     match dtype {
@@ -39,19 +82,25 @@ pub unsafe fn reduce(
     }
 }
 
-/// `dst[i] /= n` — the last step of `Avg` (integer types divide with truncation).
+/// `dst[i] /= n` — the last step of `Avg`.
+///
+/// Integer types divide with truncation toward zero (exactly, whatever the size of `n`); `f32` and
+/// `f64` divide by `n` converted to the type; `f16`/`bf16` divide in `f32` and round once.
+///
+/// # Panics
+/// If `n == 0`.
 ///
 /// # Safety
-/// `dst` must be valid for `count` reads and writes and aligned to `dtype.size()`.
+/// `dst` must be valid for `count` reads and writes, aligned to `dtype.size()`, and not accessed
+/// by anyone else during the call.
 pub unsafe fn finish_avg(dtype: DataType, dst: *mut u8, count: usize, n: usize) {
+    assert!(n > 0, "finish_avg: rank count must be positive");
     macro_rules! go {
         ($t:ty) => {{
-            // SAFETY: forwarded from the caller's contract.
+            // SAFETY: the caller guarantees `dst` is valid, aligned and exclusively ours for
+            // `count` elements of the type of `dtype`, which is `$t`.
             let d = unsafe { std::slice::from_raw_parts_mut(dst.cast::<$t>(), count) };
-            let n = <$t as Arith>::from_count(n);
-            for x in d {
-                *x = x.div(n);
-            }
+            <$t as Reducible>::finish_avg(d, n);
         }};
     }
     match dtype {
@@ -68,14 +117,69 @@ pub unsafe fn finish_avg(dtype: DataType, dst: *mut u8, count: usize, n: usize) 
     }
 }
 
-/// Arithmetic every element type supports.
+/// Safe in-place reduction: `dst[i] = dst[i] ⊕ src[i]`.
+///
+/// # Panics
+/// If `dst.len() != src.len()`.
+pub fn reduce_slice<T: Element>(op: ReduceOp, dst: &mut [T], src: &[T]) {
+    assert_eq!(dst.len(), src.len(), "reduce_slice: length mismatch");
+    let dst_ptr = dst.as_mut_ptr().cast::<u8>();
+    // SAFETY: `dst` and `src` are live slices of `T` (whose data type is `T::DTYPE`, per the
+    // `Element` contract) of equal length, so both are valid and aligned for `len` elements.
+    // `dst` is passed as both `dst` and `a` (exact in-place, allowed); a `&mut` and a `&` never
+    // overlap, so `src` is disjoint from `dst`.
+    unsafe {
+        reduce(
+            T::DTYPE,
+            op,
+            dst_ptr,
+            dst_ptr,
+            src.as_ptr().cast(),
+            dst.len(),
+        )
+    }
+}
+
+/// Safe out-of-place reduction: `dst[i] = a[i] ⊕ b[i]`.
+///
+/// # Panics
+/// If the three lengths differ.
+pub fn reduce_into<T: Element>(op: ReduceOp, dst: &mut [T], a: &[T], b: &[T]) {
+    assert_eq!(dst.len(), a.len(), "reduce_into: length mismatch");
+    assert_eq!(dst.len(), b.len(), "reduce_into: length mismatch");
+    // SAFETY: all three are live slices of `T` (data type `T::DTYPE`) of equal length, hence
+    // valid and aligned; `dst` is a `&mut`, so it overlaps neither `a` nor `b`.
+    unsafe {
+        reduce(
+            T::DTYPE,
+            op,
+            dst.as_mut_ptr().cast(),
+            a.as_ptr().cast(),
+            b.as_ptr().cast(),
+            dst.len(),
+        )
+    }
+}
+
+/// Safe counterpart of [`finish_avg`]: `dst[i] /= n`.
+///
+/// # Panics
+/// If `n == 0`.
+pub fn finish_avg_slice<T: Element>(dst: &mut [T], n: usize) {
+    // SAFETY: `dst` is a live, exclusively borrowed slice of `T`, whose data type is `T::DTYPE`.
+    unsafe { finish_avg(T::DTYPE, dst.as_mut_ptr().cast(), dst.len(), n) }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Operators
+// ---------------------------------------------------------------------------------------------
+
+/// Scalar arithmetic of the natively computed element types (integers, `f32`, `f64`).
 trait Arith: Copy {
     fn add(self, o: Self) -> Self;
     fn mul(self, o: Self) -> Self;
     fn max(self, o: Self) -> Self;
     fn min(self, o: Self) -> Self;
-    fn div(self, o: Self) -> Self;
-    fn from_count(n: usize) -> Self;
 }
 
 macro_rules! int_arith {
@@ -85,8 +189,6 @@ macro_rules! int_arith {
             #[inline(always)] fn mul(self, o: Self) -> Self { self.wrapping_mul(o) }
             #[inline(always)] fn max(self, o: Self) -> Self { Ord::max(self, o) }
             #[inline(always)] fn min(self, o: Self) -> Self { Ord::min(self, o) }
-            #[inline(always)] fn div(self, o: Self) -> Self { self.wrapping_div(o) }
-            #[inline(always)] fn from_count(n: usize) -> Self { n as Self }
         }
     )*};
 }
@@ -97,47 +199,785 @@ macro_rules! float_arith {
         impl Arith for $t {
             #[inline(always)] fn add(self, o: Self) -> Self { self + o }
             #[inline(always)] fn mul(self, o: Self) -> Self { self * o }
+            // See the module docs: NaN in `self` wins, NaN in `o` is ignored.
             #[inline(always)] fn max(self, o: Self) -> Self { if o > self { o } else { self } }
             #[inline(always)] fn min(self, o: Self) -> Self { if o < self { o } else { self } }
-            #[inline(always)] fn div(self, o: Self) -> Self { self / o }
-            #[inline(always)] fn from_count(n: usize) -> Self { n as Self }
         }
     )*};
 }
 float_arith!(f32, f64);
 
-macro_rules! half_arith {
-    ($($t:ty),*) => {$(
-        impl Arith for $t {
-            #[inline(always)] fn add(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() + o.to_f32()) }
-            #[inline(always)] fn mul(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() * o.to_f32()) }
-            #[inline(always)] fn max(self, o: Self) -> Self { if o > self { o } else { self } }
-            #[inline(always)] fn min(self, o: Self) -> Self { if o < self { o } else { self } }
-            #[inline(always)] fn div(self, o: Self) -> Self { <$t>::from_f32(self.to_f32() / o.to_f32()) }
-            #[inline(always)] fn from_count(n: usize) -> Self { <$t>::from_f32(n as f32) }
+/// A reduction operator as a type, so every (type, operator) loop is monomorphized.
+trait BinOp {
+    fn apply<T: Arith>(a: T, b: T) -> T;
+}
+
+macro_rules! bin_op {
+    ($($name:ident => $method:ident),*) => {$(
+        struct $name;
+        impl BinOp for $name {
+            #[inline(always)]
+            fn apply<T: Arith>(a: T, b: T) -> T { a.$method(b) }
         }
     )*};
 }
-half_arith!(f16, bf16);
+bin_op!(OpSum => add, OpProd => mul, OpMax => max, OpMin => min);
+
+/// Calls `f` with `$O` bound to the operator type of `op` (`Avg` reduces as `Sum`).
+macro_rules! with_op {
+    ($op:expr, $O:ident => $body:expr) => {
+        match $op {
+            ReduceOp::Sum | ReduceOp::Avg => {
+                type $O = OpSum;
+                $body
+            }
+            ReduceOp::Prod => {
+                type $O = OpProd;
+                $body
+            }
+            ReduceOp::Max => {
+                type $O = OpMax;
+                $body
+            }
+            ReduceOp::Min => {
+                type $O = OpMin;
+                $body
+            }
+        }
+    };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Slice kernels
+// ---------------------------------------------------------------------------------------------
+
+/// The three aliasing shapes [`reduce`] can be called with, as references.
+enum Operands<'a, T> {
+    /// `dst = a ⊕ b`, `dst` disjoint from both.
+    Three {
+        dst: &'a mut [T],
+        a: &'a [T],
+        b: &'a [T],
+    },
+    /// `dst = dst ⊕ src` (`dst == a`).
+    Left { dst: &'a mut [T], src: &'a [T] },
+    /// `dst = src ⊕ dst` (`dst == b`); kept apart from `Left` because float `Max`/`Min` are not
+    /// symmetric in NaN.
+    Right { dst: &'a mut [T], src: &'a [T] },
+    /// `dst = dst ⊕ dst` (`dst == a == b`).
+    Same { dst: &'a mut [T] },
+}
 
 /// # Safety
-/// See [`reduce`].
-unsafe fn reduce_typed<T: Arith>(
+/// See [`reduce`]; `T` must be the element type the caller's `dtype` names.
+#[inline(always)]
+unsafe fn reduce_raw<T: Reducible>(
     op: ReduceOp,
     dst: *mut T,
     a: *const T,
     b: *const T,
     count: usize,
 ) {
-    let f: fn(T, T) -> T = match op {
-        ReduceOp::Sum | ReduceOp::Avg => T::add,
-        ReduceOp::Prod => T::mul,
-        ReduceOp::Max => T::max,
-        ReduceOp::Min => T::min,
+    if count == 0 {
+        return;
+    }
+    let d = dst.cast_const();
+    // SAFETY (all four arms): the caller guarantees validity and alignment of every buffer for
+    // `count` elements and exclusive access to `dst`. `dst` is disjoint from any operand it does
+    // not equal, so in each arm the `&mut` slice overlaps none of the shared slices built next to
+    // it; `a` and `b` may overlap each other, which is fine for shared slices.
+    let operands = unsafe {
+        if d == a && d == b {
+            Operands::Same {
+                dst: std::slice::from_raw_parts_mut(dst, count),
+            }
+        } else if d == a {
+            Operands::Left {
+                dst: std::slice::from_raw_parts_mut(dst, count),
+                src: std::slice::from_raw_parts(b, count),
+            }
+        } else if d == b {
+            Operands::Right {
+                dst: std::slice::from_raw_parts_mut(dst, count),
+                src: std::slice::from_raw_parts(a, count),
+            }
+        } else {
+            Operands::Three {
+                dst: std::slice::from_raw_parts_mut(dst, count),
+                a: std::slice::from_raw_parts(a, count),
+                b: std::slice::from_raw_parts(b, count),
+            }
+        }
     };
-    for i in 0..count {
-        // SAFETY: i < count and the caller guarantees validity for count elements; reads happen
-        // before the write of the same index, so dst == a or dst == b is fine.
-        unsafe { *dst.add(i) = f(*a.add(i), *b.add(i)) };
+    T::reduce(op, operands);
+}
+
+/// `dst = a ⊕ b` on equal-length slices.
+#[inline(always)]
+fn kernel3<T: Arith, O: BinOp>(dst: &mut [T], a: &[T], b: &[T]) {
+    let n = dst.len();
+    let (a, b) = (&a[..n], &b[..n]);
+    for i in 0..n {
+        dst[i] = O::apply(a[i], b[i]);
+    }
+}
+
+/// `dst = dst ⊕ src` (`SWAP == false`) or `dst = src ⊕ dst` (`SWAP == true`).
+#[inline(always)]
+fn kernel2<T: Arith, O: BinOp, const SWAP: bool>(dst: &mut [T], src: &[T]) {
+    let src = &src[..dst.len()];
+    for (d, &s) in dst.iter_mut().zip(src) {
+        *d = if SWAP {
+            O::apply(s, *d)
+        } else {
+            O::apply(*d, s)
+        };
+    }
+}
+
+/// `dst = dst ⊕ dst`.
+#[inline(always)]
+fn kernel1<T: Arith, O: BinOp>(dst: &mut [T]) {
+    for d in dst {
+        *d = O::apply(*d, *d);
+    }
+}
+
+/// Runs one of the kernels above on already-split operands.
+#[inline(always)]
+fn run_kernel<T: Arith, O: BinOp>(ops: Operands<'_, T>) {
+    match ops {
+        Operands::Three { dst, a, b } => kernel3::<T, O>(dst, a, b),
+        Operands::Left { dst, src } => kernel2::<T, O, false>(dst, src),
+        Operands::Right { dst, src } => kernel2::<T, O, true>(dst, src),
+        Operands::Same { dst } => kernel1::<T, O>(dst),
+    }
+}
+
+/// `f16`/`bf16` block conversion to and from `f32` (exact widening, round-to-nearest-even
+/// narrowing, bit-identical to `half`'s scalar `to_f32` / `from_f32`).
+trait HalfFloat: Copy {
+    fn widen(src: &[Self], dst: &mut [f32]);
+    fn narrow(dst: &mut [Self], src: &[f32]);
+}
+
+impl HalfFloat for f16 {
+    /// `half`'s bulk conversion (F16C instructions when the CPU has them).
+    #[inline(always)]
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst)
+    }
+    #[inline(always)]
+    fn narrow(dst: &mut [Self], src: &[f32]) {
+        dst.convert_from_f32_slice(src)
+    }
+}
+
+impl HalfFloat for bf16 {
+    /// Branch-free bit manipulation, so it vectorizes (`half` converts `bf16` one by one).
+    #[inline(always)]
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = f32::from_bits(u32::from(s.to_bits()) << 16);
+        }
+    }
+    #[inline(always)]
+    fn narrow(dst: &mut [Self], src: &[f32]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            let x = s.to_bits();
+            // Round to nearest, ties to even; carries into the exponent (up to infinity) as
+            // it should. NaNs are truncated and made quiet, as `bf16::from_f32` does.
+            let rounded = (x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16) as u16;
+            let quiet_nan = ((x >> 16) | 0x0040) as u16;
+            let is_nan = x & 0x7fff_ffff > 0x7f80_0000;
+            *d = bf16::from_bits(if is_nan { quiet_nan } else { rounded });
+        }
+    }
+}
+
+/// Reduction of `f16`/`bf16` operands through `f32` blocks of [`HALF_BLOCK`] elements.
+#[inline(always)]
+fn run_half<H: HalfFloat, O: BinOp>(ops: Operands<'_, H>) {
+    let mut fa = [0f32; HALF_BLOCK];
+    let mut fb = [0f32; HALF_BLOCK];
+    // `(x, y)` widened, reduced in `fa`, rounded back into `out`.
+    let mut block = |out: &mut [H], x: Option<&[H]>, y: Option<&[H]>, swap: bool| {
+        let n = out.len();
+        let (fa, fb) = (&mut fa[..n], &mut fb[..n]);
+        H::widen(x.unwrap_or(out), fa);
+        match y {
+            Some(y) => H::widen(y, fb),
+            None => fb.copy_from_slice(fa),
+        }
+        if swap {
+            kernel2::<f32, O, true>(fa, fb);
+        } else {
+            kernel2::<f32, O, false>(fa, fb);
+        }
+        H::narrow(out, fa);
+    };
+    match ops {
+        Operands::Three { dst, a, b } => {
+            for ((d, a), b) in dst
+                .chunks_mut(HALF_BLOCK)
+                .zip(a.chunks(HALF_BLOCK))
+                .zip(b.chunks(HALF_BLOCK))
+            {
+                block(d, Some(a), Some(b), false);
+            }
+        }
+        Operands::Left { dst, src } => {
+            for (d, s) in dst.chunks_mut(HALF_BLOCK).zip(src.chunks(HALF_BLOCK)) {
+                block(d, None, Some(s), false);
+            }
+        }
+        Operands::Right { dst, src } => {
+            for (d, s) in dst.chunks_mut(HALF_BLOCK).zip(src.chunks(HALF_BLOCK)) {
+                block(d, None, Some(s), true);
+            }
+        }
+        Operands::Same { dst } => {
+            for d in dst.chunks_mut(HALF_BLOCK) {
+                block(d, None, None, false);
+            }
+        }
+    }
+}
+
+/// One monomorphized kernel invocation, runnable under different target features.
+///
+/// A trait rather than a closure because `run` must be `#[inline(always)]`: its body has to be
+/// generated inside the AVX2 function of [`dispatch`], not called from it.
+trait Job {
+    fn run(self);
+}
+
+/// `dst ⊕= …` on a natively computed type.
+struct Native<'a, T, O>(Operands<'a, T>, PhantomData<O>);
+impl<T: Arith, O: BinOp> Job for Native<'_, T, O> {
+    #[inline(always)]
+    fn run(self) {
+        run_kernel::<T, O>(self.0)
+    }
+}
+
+/// `dst ⊕= …` on `f16`/`bf16`, through `f32`.
+struct Half<'a, H, O>(Operands<'a, H>, PhantomData<O>);
+impl<H: HalfFloat, O: BinOp> Job for Half<'_, H, O> {
+    #[inline(always)]
+    fn run(self) {
+        run_half::<H, O>(self.0)
+    }
+}
+
+/// `dst[i] /= n` for `f32`/`f64`.
+struct DivFloat<'a, T>(&'a mut [T], T);
+impl<T: Copy + std::ops::DivAssign> Job for DivFloat<'_, T> {
+    #[inline(always)]
+    fn run(self) {
+        let n = self.1;
+        self.0.iter_mut().for_each(|x| *x /= n);
+    }
+}
+
+/// Whether [`dispatch`] takes the AVX2 variant (tests can force the baseline per thread).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn use_avx2() -> bool {
+    #[cfg(test)]
+    if tests::BASELINE_ONLY.with(|b| b.get()) {
+        return false;
+    }
+    std::arch::is_x86_feature_detected!("avx2")
+}
+
+/// Runs `job`, compiled with AVX2 enabled when the CPU has it (x86-64), else as compiled
+/// (SSE2 baseline).
+#[inline(always)]
+fn dispatch<J: Job>(job: J) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        /// # Safety
+        /// The CPU must support AVX2. (An `unsafe fn` rather than a safe `#[target_feature]`
+        /// fn, which needs Rust 1.86; the workspace's MSRV is 1.85.)
+        #[target_feature(enable = "avx2")]
+        unsafe fn with_avx2<J: Job>(job: J) {
+            job.run()
+        }
+        if use_avx2() {
+            // SAFETY: the CPU supports AVX2, which is all `with_avx2` requires.
+            unsafe { with_avx2(job) };
+            return;
+        }
+    }
+    job.run()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-type plumbing
+// ---------------------------------------------------------------------------------------------
+
+/// An element type [`reduce`] and [`finish_avg`] handle.
+trait Reducible: Copy {
+    fn reduce(op: ReduceOp, ops: Operands<'_, Self>);
+    fn finish_avg(dst: &mut [Self], n: usize);
+}
+
+macro_rules! int_reducible {
+    ($($t:ty => $wide:ty),*) => {$(
+        impl Reducible for $t {
+            fn reduce(op: ReduceOp, ops: Operands<'_, Self>) {
+                with_op!(op, O => dispatch(Native::<$t, O>(ops, PhantomData)))
+            }
+            fn finish_avg(dst: &mut [Self], n: usize) {
+                // Divide in a type that holds both every value and `n`, so the quotient is exact
+                // truncation (`|x / n| <= |x|`, so it fits back in `$t`).
+                match <$t>::try_from(n) {
+                    // Common case: `n` fits the element type itself.
+                    Ok(n) => dst.iter_mut().for_each(|x| *x /= n),
+                    Err(_) => {
+                        let n = <$wide>::try_from(n).unwrap_or(<$wide>::MAX);
+                        dst.iter_mut().for_each(|x| *x = (<$wide>::from(*x) / n) as $t);
+                    }
+                }
+            }
+        }
+    )*};
+}
+int_reducible!(i8 => i128, u8 => u128, i32 => i128, u32 => u128, i64 => i128, u64 => u128);
+
+macro_rules! float_reducible {
+    ($($t:ty),*) => {$(
+        impl Reducible for $t {
+            fn reduce(op: ReduceOp, ops: Operands<'_, Self>) {
+                with_op!(op, O => dispatch(Native::<$t, O>(ops, PhantomData)))
+            }
+            fn finish_avg(dst: &mut [Self], n: usize) {
+                dispatch(DivFloat(dst, n as $t));
+            }
+        }
+    )*};
+}
+float_reducible!(f32, f64);
+
+macro_rules! half_reducible {
+    ($($t:ty),*) => {$(
+        impl Reducible for $t {
+            fn reduce(op: ReduceOp, ops: Operands<'_, Self>) {
+                with_op!(op, O => dispatch(Half::<$t, O>(ops, PhantomData)))
+            }
+            fn finish_avg(dst: &mut [Self], n: usize) {
+                let n = n as f32;
+                let mut buf = [0f32; HALF_BLOCK];
+                for d in dst.chunks_mut(HALF_BLOCK) {
+                    let buf = &mut buf[..d.len()];
+                    <$t as HalfFloat>::widen(d, buf);
+                    buf.iter_mut().for_each(|x| *x /= n);
+                    <$t as HalfFloat>::narrow(d, buf);
+                }
+            }
+        }
+    )*};
+}
+half_reducible!(f16, bf16);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::fmt::Debug;
+
+    thread_local! {
+        /// Makes `dispatch` on this thread skip the AVX2 variant, so both variants get tested.
+        pub(super) static BASELINE_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    const COUNTS: [usize; 5] = [0, 1, 7, 1021, 4099];
+    const AVG_N: usize = 3;
+
+    /// Test-side view of an element type: data generation and a scalar reference.
+    trait TestElem: Element + Debug {
+        fn sample(rng: &mut u64) -> Self;
+        fn reference(op: ReduceOp, a: Self, b: Self) -> Self;
+        fn reference_avg(x: Self, n: usize) -> Self;
+        /// Exact equality, except that any NaN equals any NaN (payloads are unspecified).
+        fn same(self, o: Self) -> bool;
+    }
+
+    fn next(rng: &mut u64) -> u64 {
+        // splitmix64
+        *rng = rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = *rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// Mostly finite values in [-100, 100), one in eight a special value (±0, ±1, ±inf, NaN).
+    fn gen_f64(rng: &mut u64) -> f64 {
+        const SPECIAL: [f64; 7] = [
+            0.0,
+            -0.0,
+            1.0,
+            -1.0,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+        ];
+        let r = next(rng);
+        if r & 7 == 0 {
+            SPECIAL[(r >> 8) as usize % SPECIAL.len()]
+        } else {
+            ((r >> 11) as f64 / (1u64 << 53) as f64) * 200.0 - 100.0
+        }
+    }
+
+    macro_rules! int_test_elem {
+        ($($t:ty),*) => {$(
+            impl TestElem for $t {
+                fn sample(rng: &mut u64) -> Self { next(rng) as $t }
+                fn reference(op: ReduceOp, a: Self, b: Self) -> Self {
+                    match op {
+                        ReduceOp::Sum | ReduceOp::Avg => a.wrapping_add(b),
+                        ReduceOp::Prod => a.wrapping_mul(b),
+                        ReduceOp::Max => if a > b { a } else { b },
+                        ReduceOp::Min => if a < b { a } else { b },
+                    }
+                }
+                fn reference_avg(x: Self, n: usize) -> Self { (x as i128 / n as i128) as $t }
+                fn same(self, o: Self) -> bool { self == o }
+            }
+        )*};
+    }
+    int_test_elem!(i8, u8, i32, u32, i64, u64);
+
+    macro_rules! float_test_elem {
+        ($($t:ty),*) => {$(
+            impl TestElem for $t {
+                fn sample(rng: &mut u64) -> Self { gen_f64(rng) as $t }
+                fn reference(op: ReduceOp, a: Self, b: Self) -> Self {
+                    match op {
+                        ReduceOp::Sum | ReduceOp::Avg => a + b,
+                        ReduceOp::Prod => a * b,
+                        ReduceOp::Max => if b > a { b } else { a },
+                        ReduceOp::Min => if b < a { b } else { a },
+                    }
+                }
+                fn reference_avg(x: Self, n: usize) -> Self { x / n as $t }
+                fn same(self, o: Self) -> bool {
+                    (self.is_nan() && o.is_nan()) || self.to_bits() == o.to_bits()
+                }
+            }
+        )*};
+    }
+    float_test_elem!(f32, f64);
+
+    macro_rules! half_test_elem {
+        ($($t:ty),*) => {$(
+            impl TestElem for $t {
+                fn sample(rng: &mut u64) -> Self { <$t>::from_f64(gen_f64(rng)) }
+                fn reference(op: ReduceOp, a: Self, b: Self) -> Self {
+                    <$t>::from_f32(<f32 as TestElem>::reference(op, a.to_f32(), b.to_f32()))
+                }
+                fn reference_avg(x: Self, n: usize) -> Self {
+                    <$t>::from_f32(x.to_f32() / n as f32)
+                }
+                fn same(self, o: Self) -> bool {
+                    (self.is_nan() && o.is_nan()) || self.to_bits() == o.to_bits()
+                }
+            }
+        )*};
+    }
+    half_test_elem!(f16, bf16);
+
+    fn gen_vec<T: TestElem>(rng: &mut u64, n: usize) -> Vec<T> {
+        (0..n).map(|_| T::sample(rng)).collect()
+    }
+
+    fn assert_same<T: TestElem>(what: &str, got: &[T], want: &[T]) {
+        assert_eq!(got.len(), want.len(), "{what}: length");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(g.same(*w), "{what}: element {i}: got {g:?}, want {w:?}");
+        }
+    }
+
+    /// How the operands of one `reduce` call alias.
+    #[derive(Clone, Copy, Debug)]
+    enum Shape {
+        /// dst, a, b all distinct.
+        Three,
+        /// dst == a.
+        Left,
+        /// dst == b.
+        Right,
+        /// a == b, dst distinct.
+        SameInputs,
+        /// dst == a == b.
+        AllSame,
+    }
+    const SHAPES: [Shape; 5] = [
+        Shape::Three,
+        Shape::Left,
+        Shape::Right,
+        Shape::SameInputs,
+        Shape::AllSame,
+    ];
+
+    /// Runs `reduce` (and `finish_avg` for `Avg`) in `shape` at element offset `off` (to start
+    /// the slices off vector alignment) and compares every element with the scalar reference.
+    fn check_one<T: TestElem>(rng: &mut u64, op: ReduceOp, count: usize, shape: Shape, off: usize) {
+        let a0: Vec<T> = gen_vec(rng, count + off);
+        let b0: Vec<T> = match shape {
+            Shape::SameInputs | Shape::AllSame => a0.clone(),
+            _ => gen_vec(rng, count + off),
+        };
+        let mut want: Vec<T> = a0[off..]
+            .iter()
+            .zip(&b0[off..])
+            .map(|(&a, &b)| T::reference(op, a, b))
+            .collect();
+        let what = format!("{:?} {op:?} count={count} {shape:?} off={off}", T::DTYPE);
+        let (mut a, mut b) = (a0.clone(), b0.clone());
+        // Sentinel-filled output, one element longer, to catch writes past `count`.
+        let mut out: Vec<T> = gen_vec(rng, count + off + 1);
+        let out0 = out.clone();
+        let (ap, bp) = (a[off..].as_mut_ptr(), b[off..].as_mut_ptr());
+        let op_ptr = out[off..].as_mut_ptr();
+        // SAFETY: every pointer covers `count` elements of its live vector, aligned for `T`;
+        // `dst` either equals an input exactly or lies in a vector of its own.
+        unsafe {
+            let (d, x, y) = match shape {
+                Shape::Three => (op_ptr, ap, bp),
+                Shape::Left => (ap, ap, bp),
+                Shape::Right => (bp, ap, bp),
+                Shape::SameInputs => (op_ptr, ap, ap),
+                Shape::AllSame => (ap, ap, ap),
+            };
+            reduce(T::DTYPE, op, d.cast(), x.cast(), y.cast(), count);
+            if op == ReduceOp::Avg {
+                finish_avg(T::DTYPE, d.cast(), count, AVG_N);
+            }
+        }
+        if op == ReduceOp::Avg {
+            want.iter_mut()
+                .for_each(|x| *x = T::reference_avg(*x, AVG_N));
+        }
+        let (got, untouched_a, untouched_b): (&[T], bool, bool) = match shape {
+            Shape::Three | Shape::SameInputs => (&out[off..off + count], true, true),
+            Shape::Left | Shape::AllSame => (&a[off..], false, true),
+            Shape::Right => (&b[off..], true, false),
+        };
+        assert_same(&what, got, &want);
+        if untouched_a {
+            assert_same(&format!("{what} (a unchanged)"), &a, &a0);
+        }
+        if untouched_b {
+            assert_same(&format!("{what} (b unchanged)"), &b, &b0);
+        }
+        if matches!(shape, Shape::Three | Shape::SameInputs) {
+            assert_same(&format!("{what} (out prefix)"), &out[..off], &out0[..off]);
+            assert_same(
+                &format!("{what} (out suffix)"),
+                &out[off + count..],
+                &out0[off + count..],
+            );
+        } else {
+            assert_same(&format!("{what} (out untouched)"), &out, &out0);
+        }
+        // Prefix of the in-place buffer untouched too.
+        assert_same(&format!("{what} (a prefix)"), &a[..off], &a0[..off]);
+        assert_same(&format!("{what} (b prefix)"), &b[..off], &b0[..off]);
+    }
+
+    /// Every op × count × shape × offset, once through the dispatched (AVX2 if available) kernels
+    /// and once through the baseline ones.
+    fn check_all<T: TestElem>() {
+        for baseline in [false, true] {
+            BASELINE_ONLY.with(|b| b.set(baseline));
+            check_all_once::<T>();
+        }
+        BASELINE_ONLY.with(|b| b.set(false));
+    }
+
+    fn check_all_once<T: TestElem>() {
+        let mut rng = 0x1234_5678 ^ T::DTYPE as u64;
+        for op in ReduceOp::ALL {
+            for count in COUNTS {
+                for shape in SHAPES {
+                    for off in [0, 1] {
+                        check_one::<T>(&mut rng, op, count, shape, off);
+                    }
+                }
+            }
+        }
+    }
+
+    macro_rules! per_dtype {
+        ($($name:ident: $t:ty),*) => {$(
+            #[test]
+            fn $name() { check_all::<$t>(); }
+        )*};
+    }
+    per_dtype!(all_ops_i8: i8, all_ops_u8: u8, all_ops_i32: i32, all_ops_u32: u32,
+               all_ops_i64: i64, all_ops_u64: u64, all_ops_f16: f16, all_ops_f32: f32,
+               all_ops_f64: f64, all_ops_bf16: bf16);
+
+    /// The documented float `Max`/`Min` semantics, identical for every float type and for both
+    /// in-place directions: NaN in `a` wins, NaN in `b` is ignored, equal zeros return `a`.
+    #[test]
+    fn float_max_min_nan_and_zero_semantics() {
+        fn case<T: TestElem + Copy>(from: fn(f32) -> T) {
+            let nan = from(f32::NAN);
+            let (one, pz, nz) = (from(1.0), from(0.0), from(-0.0));
+            // (a, b, max, min)
+            let table = [
+                (nan, one, nan, nan),
+                (one, nan, one, one),
+                (nz, pz, nz, nz),
+                (pz, nz, pz, pz),
+                (one, from(2.0), from(2.0), one),
+            ];
+            // Repeat each case so the vector loop (not just a scalar tail) handles it.
+            let a: Vec<T> = table.iter().flat_map(|c| [c.0; 64]).collect();
+            let b: Vec<T> = table.iter().flat_map(|c| [c.1; 64]).collect();
+            for (op, pick) in [(ReduceOp::Max, 2), (ReduceOp::Min, 3)] {
+                let want: Vec<T> = table
+                    .iter()
+                    .flat_map(|c| [if pick == 2 { c.2 } else { c.3 }; 64])
+                    .collect();
+                let mut out = a.clone();
+                reduce_into(op, &mut out, &a, &b);
+                assert_same(&format!("{:?} {op:?} 3-operand", T::DTYPE), &out, &want);
+                let mut left = a.clone();
+                reduce_slice(op, &mut left, &b);
+                assert_same(&format!("{:?} {op:?} dst==a", T::DTYPE), &left, &want);
+                let mut right = b.clone();
+                // SAFETY: `right` and `a` are live, equally long vectors of `T`; dst == b.
+                unsafe {
+                    let r = right.as_mut_ptr().cast::<u8>();
+                    reduce(T::DTYPE, op, r, a.as_ptr().cast(), r, a.len());
+                }
+                assert_same(&format!("{:?} {op:?} dst==b", T::DTYPE), &right, &want);
+            }
+        }
+        for baseline in [false, true] {
+            BASELINE_ONLY.with(|b| b.set(baseline));
+            case::<f32>(|x| x);
+            case::<f64>(f64::from);
+            case::<f16>(f16::from_f32);
+            case::<bf16>(bf16::from_f32);
+        }
+        BASELINE_ONLY.with(|b| b.set(false));
+    }
+
+    /// The vectorized `bf16` conversions against `half`'s scalar ones, over a sweep of every f32
+    /// bit pattern class (ties, carries into the exponent, overflow to infinity, NaNs).
+    #[test]
+    fn bf16_block_conversion_matches_half() {
+        let extra = [
+            0x7f7f_ffff,
+            0x7f7f_8000,
+            0x3f80_8000,
+            0x3f81_8000,
+            0x7f80_0001,
+            0xff80_0001,
+        ];
+        let bits: Vec<u32> = (0..=u32::MAX).step_by(977).chain(extra).collect();
+        for chunk in bits.chunks(HALF_BLOCK) {
+            let f: Vec<f32> = chunk.iter().map(|&b| f32::from_bits(b)).collect();
+            let mut got = vec![bf16::ZERO; f.len()];
+            bf16::narrow(&mut got, &f);
+            let want: Vec<bf16> = f.iter().map(|&x| bf16::from_f32(x)).collect();
+            assert_same("bf16 narrow", &got, &want);
+            let mut back = vec![0f32; f.len()];
+            bf16::widen(&got, &mut back);
+            let want_back: Vec<f32> = got.iter().map(|x| x.to_f32()).collect();
+            assert_same("bf16 widen", &back, &want_back);
+        }
+    }
+
+    #[test]
+    fn finish_avg_integers_truncate_toward_zero_for_any_n() {
+        let mut v: Vec<i8> = vec![-128, -7, -1, 0, 1, 7, 127];
+        finish_avg_slice(&mut v, 2);
+        assert_eq!(v, [-64, -3, 0, 0, 0, 3, 63]);
+        // n larger than the element type: exact division, not a wrapped divisor.
+        let mut v: Vec<i8> = vec![-128, -127, 127];
+        finish_avg_slice(&mut v, 128);
+        assert_eq!(v, [-1, 0, 0]);
+        let mut v: Vec<u8> = vec![255, 200];
+        finish_avg_slice(&mut v, 300);
+        assert_eq!(v, [0, 0]);
+        let mut v: Vec<u64> = vec![u64::MAX];
+        finish_avg_slice(&mut v, 3);
+        assert_eq!(v, [u64::MAX / 3]);
+    }
+
+    #[test]
+    fn finish_avg_halves_divide_by_exact_count() {
+        // 257 is not representable in bf16; the divisor must not be rounded to the type first.
+        // (Rounding it to 256 first would give exactly 4.0.)
+        let mut v = vec![bf16::from_f32(1024.0)];
+        finish_avg_slice(&mut v, 257);
+        assert_eq!(v[0], bf16::from_f32(1024.0 / 257.0));
+        assert_ne!(v[0], bf16::from_f32(4.0));
+        let mut v = vec![f16::from_f32(6.0); 300];
+        finish_avg_slice(&mut v, 4);
+        assert!(v.iter().all(|&x| x == f16::from_f32(1.5)));
+    }
+
+    #[test]
+    #[should_panic(expected = "rank count must be positive")]
+    fn finish_avg_rejects_zero_ranks() {
+        finish_avg_slice(&mut [1i32, 2], 0);
+    }
+
+    #[test]
+    #[should_panic(expected = "length mismatch")]
+    fn reduce_slice_rejects_length_mismatch() {
+        reduce_slice(ReduceOp::Sum, &mut [1i32, 2], &[1]);
+    }
+
+    proptest! {
+        #[test]
+        fn prop_f32_matches_reference(
+            data in prop::collection::vec((any::<f32>(), any::<f32>()), 0..2000),
+            op_idx in 0usize..5,
+        ) {
+            let op = ReduceOp::ALL[op_idx];
+            let (a, b): (Vec<f32>, Vec<f32>) = data.into_iter().unzip();
+            let want: Vec<f32> = a.iter().zip(&b).map(|(&x, &y)| f32::reference(op, x, y)).collect();
+            let mut out = vec![0f32; a.len()];
+            reduce_into(op, &mut out, &a, &b);
+            let mut inplace = a.clone();
+            reduce_slice(op, &mut inplace, &b);
+            for i in 0..a.len() {
+                prop_assert!(out[i].same(want[i]), "3-operand {:?} [{}]: {} vs {}", op, i, out[i], want[i]);
+                prop_assert!(inplace[i].same(want[i]), "in place {:?} [{}]: {} vs {}", op, i, inplace[i], want[i]);
+            }
+        }
+
+        #[test]
+        fn prop_i32_matches_reference(
+            data in prop::collection::vec((any::<i32>(), any::<i32>()), 0..2000),
+            op_idx in 0usize..5,
+            n in 1usize..64,
+        ) {
+            let op = ReduceOp::ALL[op_idx];
+            let (a, b): (Vec<i32>, Vec<i32>) = data.into_iter().unzip();
+            let mut want: Vec<i32> =
+                a.iter().zip(&b).map(|(&x, &y)| i32::reference(op, x, y)).collect();
+            let mut out = vec![0i32; a.len()];
+            reduce_into(op, &mut out, &a, &b);
+            let mut inplace = a.clone();
+            reduce_slice(op, &mut inplace, &b);
+            if op == ReduceOp::Avg {
+                finish_avg_slice(&mut out, n);
+                finish_avg_slice(&mut inplace, n);
+                want.iter_mut().for_each(|x| *x = i32::reference_avg(*x, n));
+            }
+            prop_assert_eq!(&out, &want);
+            prop_assert_eq!(&inplace, &want);
+        }
     }
 }
