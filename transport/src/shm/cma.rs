@@ -281,6 +281,12 @@ mod tests {
         if child_role().as_deref() != Some("cma-target") {
             return;
         }
+        // Watchdog: never outlive a parent that stopped talking to us.
+        std::thread::spawn(|| {
+            std::thread::sleep(std::time::Duration::from_secs(60));
+            eprintln!("cma-target: no word from the parent in 60 s, exiting");
+            std::process::exit(2);
+        });
         let word_value: u64 = std::env::var(WORD_VAR).unwrap().parse().unwrap();
         let word = Box::new(word_value);
         let mut buf: Vec<u8> = (0..BUF_LEN).map(initial).collect();
@@ -360,7 +366,7 @@ mod tests {
                 .next()
                 .expect("child exited before publishing")
                 .unwrap();
-            if let Some(rest) = line.strip_prefix("AMPCCL_CHILD ") {
+            if let Some(rest) = report(&line) {
                 break rest.to_owned();
             }
         };
@@ -389,8 +395,8 @@ mod tests {
             let rest: Vec<String> = self.lines.by_ref().map(|l| l.unwrap()).collect();
             let status = self.guard.wait();
             assert!(status.success(), "target failed: {status:?} {rest:#?}");
-            let want = format!("AMPCCL_CHILD verified {msg}");
-            assert!(rest.iter().any(|l| *l == want), "{rest:#?}");
+            let want = format!("verified {msg}");
+            assert!(rest.iter().any(|l| report(l) == Some(&want)), "{rest:#?}");
         }
     }
 
@@ -453,13 +459,13 @@ mod tests {
         let lines: Vec<String> = BufReader::new(stdout).lines().map(|l| l.unwrap()).collect();
         let status = sib.wait();
         assert!(status.success(), "sibling failed: {status:?} {lines:#?}");
-        if lines.iter().any(|l| l == "AMPCCL_CHILD sibling-ok") {
+        if lines.iter().any(|l| report(l) == Some("sibling-ok")) {
             eprintln!("CMA between sibling processes works here");
             t.finish(true);
         } else {
             let denied = lines
                 .iter()
-                .find(|l| l.starts_with("AMPCCL_CHILD sibling-denied"))
+                .find(|l| report(l).is_some_and(|r| r.starts_with("sibling-denied")))
                 .unwrap_or_else(|| panic!("sibling did not run its role: {lines:#?}"));
             eprintln!("CMA between sibling processes unavailable here: {denied}");
             assert!(

@@ -237,10 +237,14 @@ impl Segment {
 
 impl Drop for Segment {
     fn drop(&mut self) {
-        if self.owner && !self.unlinked.load(Ordering::Acquire) {
-            if let Err(e) = self.unlink() {
-                tracing::warn!(name = self.name, error = %e, "cannot unlink shared-memory segment");
-            }
+        // (No let-chain: the workspace's rust-version is 1.85.)
+        let result = if self.owner && !self.unlinked.load(Ordering::Acquire) {
+            self.unlink()
+        } else {
+            Ok(())
+        };
+        if let Err(e) = result {
+            tracing::warn!(name = self.name, error = %e, "cannot unlink shared-memory segment");
         }
         // SAFETY: `ptr`/`len` describe the mapping made in `map`, which nothing else unmaps;
         // after drop no pointer from `as_ptr` may be used (documented there).
@@ -441,6 +445,16 @@ pub(crate) mod test_support {
                 let _ = c.wait();
             }
         }
+    }
+
+    /// Marker that starts every line a child role reports to its parent.
+    pub const MARKER: &str = "AMPCCL_CHILD ";
+
+    /// The report in a line of child output, i.e. the text after [`MARKER`]. libtest prints
+    /// `test NAME ... ` without a newline before running a test, so the marker need not start
+    /// the line.
+    pub fn report(line: &str) -> Option<&str> {
+        line.find(MARKER).map(|i| &line[i + MARKER.len()..])
     }
 
     /// The pid of a process that has certainly exited (and been reaped).
@@ -652,7 +666,9 @@ mod tests {
         let status = child.wait();
         assert!(status.success(), "child failed: {status:?}\n{lines:#?}");
         assert!(
-            lines.iter().any(|l| l.starts_with("AMPCCL_CHILD pid")),
+            lines
+                .iter()
+                .any(|l| report(l).is_some_and(|r| r.starts_with("pid "))),
             "child did not run its role: {lines:#?}"
         );
         // SAFETY: the child has exited; we are the only user.
