@@ -1,0 +1,295 @@
+//! The measurement loop: per size, warm-up, timed iterations (out-of-place and in-place),
+//! slowest-rank time, optional result check.
+
+use std::time::Instant;
+
+use ampccl::{Communicator, DataType, Element, ReduceOp, bf16, f16};
+
+use crate::cli::Args;
+
+/// Numeric conversions the checker needs.
+pub trait Num: Element + PartialEq {
+    fn from_f64(v: f64) -> Self;
+    fn to_f64(self) -> f64;
+}
+
+macro_rules! num {
+    ($($t:ty),*) => {$(
+        impl Num for $t {
+            fn from_f64(v: f64) -> Self { v as $t }
+            fn to_f64(self) -> f64 { self as f64 }
+        }
+    )*};
+}
+num!(i8, u8, i32, u32, i64, u64, f32, f64);
+
+impl Num for f16 {
+    fn from_f64(v: f64) -> Self {
+        f16::from_f64(v)
+    }
+    fn to_f64(self) -> f64 {
+        f16::to_f64(self)
+    }
+}
+
+impl Num for bf16 {
+    fn from_f64(v: f64) -> Self {
+        bf16::from_f64(v)
+    }
+    fn to_f64(self) -> f64 {
+        bf16::to_f64(self)
+    }
+}
+
+/// Collectives the tool can run.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Coll {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast,
+    Reduce,
+    AllToAll,
+    SendRecv,
+}
+
+impl Coll {
+    fn parse(s: &str) -> Option<Coll> {
+        Some(match s.replace(['_', '-'], "").to_lowercase().as_str() {
+            "allreduce" => Coll::AllReduce,
+            "allgather" => Coll::AllGather,
+            "reducescatter" => Coll::ReduceScatter,
+            "broadcast" => Coll::Broadcast,
+            "reduce" => Coll::Reduce,
+            "alltoall" => Coll::AllToAll,
+            "sendrecv" => Coll::SendRecv,
+            _ => return None,
+        })
+    }
+
+    /// nccl-tests' bus bandwidth factor.
+    fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            Coll::AllReduce => 2.0 * (n - 1.0) / n,
+            Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll => (n - 1.0) / n,
+            _ => 1.0,
+        }
+    }
+
+    fn reduces(self) -> bool {
+        matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce)
+    }
+
+    /// Elements of (input, output) for `size` bytes (nccl-tests: size = the larger buffer).
+    fn counts(self, size: usize, e: usize, n: usize) -> (usize, usize) {
+        let total = size / e;
+        match self {
+            Coll::AllGather => (total / n, total / n * n),
+            Coll::ReduceScatter => (total / n * n, total / n),
+            Coll::AllToAll => (total / n * n, total / n * n),
+            _ => (total, total),
+        }
+    }
+}
+
+/// Value of element `i` of rank `r`'s input: small integers, so every sum and product is exact.
+fn value(r: usize, i: usize) -> f64 {
+    1.0 + ((r * 7 + i) % 2) as f64
+}
+
+/// Runs the sweep on this rank; rank 0 prints. Returns false when results were wrong.
+pub fn run(args: &Args) -> Result<bool, String> {
+    let comm = Communicator::from_env().map_err(|e| e.to_string())?;
+    macro_rules! go {
+        ($t:ty) => {
+            sweep::<$t>(&comm, args)
+        };
+    }
+    let r = match args.dtype {
+        DataType::I8 => go!(i8),
+        DataType::U8 => go!(u8),
+        DataType::I32 => go!(i32),
+        DataType::U32 => go!(u32),
+        DataType::I64 => go!(i64),
+        DataType::U64 => go!(u64),
+        DataType::F16 => go!(f16),
+        DataType::F32 => go!(f32),
+        DataType::F64 => go!(f64),
+        DataType::Bf16 => go!(bf16),
+    };
+    let ok = r?;
+    comm.destroy().map_err(|e| e.to_string())?;
+    Ok(ok)
+}
+
+fn sweep<T: Num>(comm: &Communicator, args: &Args) -> Result<bool, String> {
+    let coll = Coll::parse(&args.collective).ok_or_else(|| format!("unknown collective {:?}", args.collective))?;
+    let (n, rank) = (comm.world(), comm.rank());
+    let e = size_of::<T>();
+    if coll == Coll::SendRecv && n % 2 == 1 && n > 1 {
+        return Err("sendrecv pairs ranks: use an even number of ranks".into());
+    }
+    let print = rank == 0;
+    if print {
+        println!(
+            "# ampccl-perf {}: {} ranks, transport shm ({}), {} iterations, {} warm-up",
+            args.collective,
+            n,
+            if comm.uses_cross_memory_attach() { "cross-memory attach" } else { "bounce buffers" },
+            args.iters,
+            args.warmup
+        );
+        println!(
+            "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
+            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong"
+        );
+        println!(
+            "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
+            "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
+        );
+    }
+    let mut all_ok = true;
+    let mut bus_sum = 0.0;
+    let mut points = 0usize;
+    let mut size = args.min_bytes.max(e);
+    while size <= args.max_bytes {
+        let (cin, cout) = coll.counts(size, e, n);
+        let mut row = Vec::new();
+        for in_place in [false, true] {
+            let (t, wrong) = measure::<T>(comm, coll, args, cin, cout, in_place)?;
+            let bytes = (cin.max(cout) * e) as f64;
+            let algbw = bytes / t / 1e3;
+            let busbw = algbw * coll.bus_factor(n);
+            all_ok &= wrong == 0;
+            if in_place {
+                bus_sum += busbw;
+                points += 1;
+            }
+            row.push((t, algbw, busbw, wrong));
+        }
+        if print {
+            let redop = if coll.reduces() { args.op.name() } else { "none" };
+            let root = if matches!(coll, Coll::Broadcast | Coll::Reduce) { args.root as i64 } else { -1 };
+            print!("{:>12} {:>12} {:>8} {:>6} {:>6}", cin.max(cout) * e, cin.max(cout), args.dtype.name(), redop, root);
+            for (t, a, b, w) in row {
+                print!("   {t:>9.2} {a:>7.2} {b:>7.2} {w:>6}");
+            }
+            println!();
+        }
+        size = match size.checked_mul(args.factor.max(2)) {
+            Some(s) => s,
+            None => break,
+        };
+    }
+    if print {
+        println!("# Out of bounds values : {}", if all_ok { "0 OK" } else { "FAILED" });
+        println!("# Avg bus bandwidth    : {:.4}", if points > 0 { bus_sum / points as f64 } else { 0.0 });
+    }
+    Ok(all_ok)
+}
+
+/// Mean time per call in µs (slowest rank) and the number of wrong elements (all ranks).
+fn measure<T: Num>(comm: &Communicator, coll: Coll, a: &Args, cin: usize, cout: usize, in_place: bool) -> Result<(f64, usize), String> {
+    let (n, rank) = (comm.world(), comm.rank());
+    let input: Vec<T> = (0..cin).map(|i| T::from_f64(value(rank, i))).collect();
+    let mut out = vec![T::from_f64(0.0); cout.max(cin)];
+    let mut buf = input.clone();
+    buf.resize(cout.max(cin), T::from_f64(0.0));
+    let call = |out: &mut Vec<T>, buf: &mut Vec<T>| -> ampccl::Result<()> {
+        match (coll, in_place) {
+            (Coll::AllReduce, false) => comm.all_reduce(&input, &mut out[..cout], a.op),
+            (Coll::AllReduce, true) => comm.all_reduce_in_place(&mut buf[..cout], a.op),
+            (Coll::AllGather, false) => comm.all_gather(&input, &mut out[..cout]),
+            (Coll::AllGather, true) => comm.all_gather_in_place(&mut buf[..cout]),
+            (Coll::ReduceScatter, false) => comm.reduce_scatter(&input, &mut out[..cout], a.op),
+            (Coll::ReduceScatter, true) => comm.reduce_scatter_in_place(&mut buf[..cin], a.op),
+            (Coll::Broadcast, false) => comm.broadcast_from(&input, &mut out[..cout], a.root),
+            (Coll::Broadcast, true) => comm.broadcast(&mut buf[..cout], a.root),
+            (Coll::Reduce, false) => comm.reduce(&input, &mut out[..cout], a.op, a.root),
+            (Coll::Reduce, true) => comm.reduce_in_place(&mut buf[..cout], a.op, a.root),
+            (Coll::AllToAll, _) => comm.all_to_all(&input, &mut out[..cout]),
+            (Coll::SendRecv, _) => {
+                let peer = rank ^ 1;
+                if n == 1 {
+                    out[..cout].copy_from_slice(&input);
+                    return Ok(());
+                }
+                comm.group(|g| {
+                    g.send(&input, peer)?;
+                    g.recv(&mut out[..cout], peer)
+                })
+            }
+        }
+    };
+    let reset = |buf: &mut Vec<T>| {
+        let start = match coll {
+            Coll::AllGather if in_place => rank * cin,
+            _ => 0,
+        };
+        buf[start..start + cin].copy_from_slice(&input);
+    };
+    for _ in 0..a.warmup {
+        reset(&mut buf);
+        call(&mut out, &mut buf).map_err(|e| e.to_string())?;
+    }
+    comm.barrier().map_err(|e| e.to_string())?;
+    let t0 = Instant::now();
+    for _ in 0..a.iters {
+        call(&mut out, &mut buf).map_err(|e| e.to_string())?;
+    }
+    let mut t = [t0.elapsed().as_secs_f64() * 1e6 / a.iters.max(1) as f64];
+    comm.all_reduce_in_place(&mut t, ampccl::ReduceOp::Max).map_err(|e| e.to_string())?;
+    let mut wrong = 0usize;
+    if a.check != 0 {
+        reset(&mut buf);
+        out.iter_mut().for_each(|x| *x = T::from_f64(0.0));
+        call(&mut out, &mut buf).map_err(|e| e.to_string())?;
+        let got = if in_place && coll != Coll::AllToAll && coll != Coll::SendRecv { &buf } else { &out };
+        wrong = count_wrong(coll, a, rank, n, cin, cout, in_place, got);
+        let mut w = [wrong as u64];
+        comm.all_reduce_in_place(&mut w, ampccl::ReduceOp::Sum).map_err(|e| e.to_string())?;
+        wrong = w[0] as usize;
+    }
+    Ok((t[0], wrong))
+}
+
+fn reduce_ref(op: ReduceOp, n: usize, i: usize, t: DataType) -> f64 {
+    let vals = (0..n).map(|r| value(r, i));
+    let v = match op {
+        ReduceOp::Sum | ReduceOp::Avg => vals.sum(),
+        ReduceOp::Prod => vals.product(),
+        ReduceOp::Max => vals.fold(f64::MIN, f64::max),
+        ReduceOp::Min => vals.fold(f64::MAX, f64::min),
+    };
+    match op {
+        ReduceOp::Avg if t.is_float() => v / n as f64,
+        ReduceOp::Avg => (v / n as f64).trunc(),
+        _ => v,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn count_wrong<T: Num>(coll: Coll, a: &Args, rank: usize, n: usize, cin: usize, cout: usize, in_place: bool, got: &[T]) -> usize {
+    let tol = if a.dtype.is_float() { 1e-2 } else { 0.0 };
+    let bad = |want: f64, g: T| ((g.to_f64() - want).abs() > tol * want.abs().max(1.0)) as usize;
+    match coll {
+        Coll::AllReduce => (0..cout).map(|i| bad(reduce_ref(a.op, n, i, a.dtype), got[i])).sum(),
+        Coll::AllGather => (0..cout).map(|i| bad(value(i / cin, i % cin), got[i])).sum(),
+        Coll::ReduceScatter => {
+            let base = if in_place { rank * cout } else { 0 };
+            (0..cout).map(|i| bad(reduce_ref(a.op, n, rank * cout + i, a.dtype), got[base + i])).sum()
+        }
+        Coll::Broadcast => (0..cout).map(|i| bad(value(a.root, i), got[i])).sum(),
+        Coll::Reduce if rank == a.root => (0..cout).map(|i| bad(reduce_ref(a.op, n, i, a.dtype), got[i])).sum(),
+        Coll::Reduce => 0,
+        Coll::AllToAll => {
+            let blk = cout / n.max(1);
+            (0..cout).map(|i| bad(value(i / blk.max(1), rank * blk + i % blk.max(1)), got[i])).sum()
+        }
+        Coll::SendRecv => {
+            let peer = if n == 1 { rank } else { rank ^ 1 };
+            (0..cout).map(|i| bad(value(peer, i), got[i])).sum()
+        }
+    }
+}
