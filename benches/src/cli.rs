@@ -55,7 +55,9 @@ fn parse_size(s: &str) -> Result<usize, String> {
         Some('G' | 'g') => (&s[..s.len() - 1], 1 << 30),
         _ => (s, 1),
     };
-    num.parse::<usize>().map(|n| n * mult).map_err(|e| format!("bad size {s:?}: {e}"))
+    num.parse::<usize>()
+        .map(|n| n * mult)
+        .map_err(|e| format!("bad size {s:?}: {e}"))
 }
 
 fn parse_dtype(s: &str) -> Result<DataType, String> {

@@ -124,7 +124,8 @@ pub fn run(args: &Args) -> Result<bool, String> {
 }
 
 fn sweep<T: Num>(comm: &Communicator, args: &Args) -> Result<bool, String> {
-    let coll = Coll::parse(&args.collective).ok_or_else(|| format!("unknown collective {:?}", args.collective))?;
+    let coll = Coll::parse(&args.collective)
+        .ok_or_else(|| format!("unknown collective {:?}", args.collective))?;
     let (n, rank) = (comm.world(), comm.rank());
     let e = size_of::<T>();
     if coll == Coll::SendRecv && n % 2 == 1 && n > 1 {
@@ -136,17 +137,45 @@ fn sweep<T: Num>(comm: &Communicator, args: &Args) -> Result<bool, String> {
             "# ampccl-perf {}: {} ranks, transport shm ({}), {} iterations, {} warm-up",
             args.collective,
             n,
-            if comm.uses_cross_memory_attach() { "cross-memory attach" } else { "bounce buffers" },
+            if comm.uses_cross_memory_attach() {
+                "cross-memory attach"
+            } else {
+                "bounce buffers"
+            },
             args.iters,
             args.warmup
         );
         println!(
             "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
-            "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong"
+            "size",
+            "count",
+            "type",
+            "redop",
+            "root",
+            "time",
+            "algbw",
+            "busbw",
+            "#wrong",
+            "time",
+            "algbw",
+            "busbw",
+            "#wrong"
         );
         println!(
             "#{:>11} {:>12} {:>8} {:>6} {:>6}   {:>9} {:>7} {:>7} {:>6}   {:>9} {:>7} {:>7} {:>6}",
-            "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
+            "(B)",
+            "(elements)",
+            "",
+            "",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            "",
+            "(us)",
+            "(GB/s)",
+            "(GB/s)",
+            ""
         );
     }
     let mut all_ok = true;
@@ -169,9 +198,24 @@ fn sweep<T: Num>(comm: &Communicator, args: &Args) -> Result<bool, String> {
             row.push((t, algbw, busbw, wrong));
         }
         if print {
-            let redop = if coll.reduces() { args.op.name() } else { "none" };
-            let root = if matches!(coll, Coll::Broadcast | Coll::Reduce) { args.root as i64 } else { -1 };
-            print!("{:>12} {:>12} {:>8} {:>6} {:>6}", cin.max(cout) * e, cin.max(cout), args.dtype.name(), redop, root);
+            let redop = if coll.reduces() {
+                args.op.name()
+            } else {
+                "none"
+            };
+            let root = if matches!(coll, Coll::Broadcast | Coll::Reduce) {
+                args.root as i64
+            } else {
+                -1
+            };
+            print!(
+                "{:>12} {:>12} {:>8} {:>6} {:>6}",
+                cin.max(cout) * e,
+                cin.max(cout),
+                args.dtype.name(),
+                redop,
+                root
+            );
             for (t, a, b, w) in row {
                 print!("   {t:>9.2} {a:>7.2} {b:>7.2} {w:>6}");
             }
@@ -183,14 +227,31 @@ fn sweep<T: Num>(comm: &Communicator, args: &Args) -> Result<bool, String> {
         };
     }
     if print {
-        println!("# Out of bounds values : {}", if all_ok { "0 OK" } else { "FAILED" });
-        println!("# Avg bus bandwidth    : {:.4}", if points > 0 { bus_sum / points as f64 } else { 0.0 });
+        println!(
+            "# Out of bounds values : {}",
+            if all_ok { "0 OK" } else { "FAILED" }
+        );
+        println!(
+            "# Avg bus bandwidth    : {:.4}",
+            if points > 0 {
+                bus_sum / points as f64
+            } else {
+                0.0
+            }
+        );
     }
     Ok(all_ok)
 }
 
 /// Mean time per call in µs (slowest rank) and the number of wrong elements (all ranks).
-fn measure<T: Num>(comm: &Communicator, coll: Coll, a: &Args, cin: usize, cout: usize, in_place: bool) -> Result<(f64, usize), String> {
+fn measure<T: Num>(
+    comm: &Communicator,
+    coll: Coll,
+    a: &Args,
+    cin: usize,
+    cout: usize,
+    in_place: bool,
+) -> Result<(f64, usize), String> {
     let (n, rank) = (comm.world(), comm.rank());
     let input: Vec<T> = (0..cin).map(|i| T::from_f64(value(rank, i))).collect();
     let mut out = vec![T::from_f64(0.0); cout.max(cin)];
@@ -239,16 +300,22 @@ fn measure<T: Num>(comm: &Communicator, coll: Coll, a: &Args, cin: usize, cout: 
         call(&mut out, &mut buf).map_err(|e| e.to_string())?;
     }
     let mut t = [t0.elapsed().as_secs_f64() * 1e6 / a.iters.max(1) as f64];
-    comm.all_reduce_in_place(&mut t, ampccl::ReduceOp::Max).map_err(|e| e.to_string())?;
+    comm.all_reduce_in_place(&mut t, ampccl::ReduceOp::Max)
+        .map_err(|e| e.to_string())?;
     let mut wrong = 0usize;
     if a.check != 0 {
         reset(&mut buf);
         out.iter_mut().for_each(|x| *x = T::from_f64(0.0));
         call(&mut out, &mut buf).map_err(|e| e.to_string())?;
-        let got = if in_place && coll != Coll::AllToAll && coll != Coll::SendRecv { &buf } else { &out };
+        let got = if in_place && coll != Coll::AllToAll && coll != Coll::SendRecv {
+            &buf
+        } else {
+            &out
+        };
         wrong = count_wrong(coll, a, rank, n, cin, cout, in_place, got);
         let mut w = [wrong as u64];
-        comm.all_reduce_in_place(&mut w, ampccl::ReduceOp::Sum).map_err(|e| e.to_string())?;
+        comm.all_reduce_in_place(&mut w, ampccl::ReduceOp::Sum)
+            .map_err(|e| e.to_string())?;
         wrong = w[0] as usize;
     }
     Ok((t[0], wrong))
@@ -270,22 +337,41 @@ fn reduce_ref(op: ReduceOp, n: usize, i: usize, t: DataType) -> f64 {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn count_wrong<T: Num>(coll: Coll, a: &Args, rank: usize, n: usize, cin: usize, cout: usize, in_place: bool, got: &[T]) -> usize {
+fn count_wrong<T: Num>(
+    coll: Coll,
+    a: &Args,
+    rank: usize,
+    n: usize,
+    cin: usize,
+    cout: usize,
+    in_place: bool,
+    got: &[T],
+) -> usize {
     let tol = if a.dtype.is_float() { 1e-2 } else { 0.0 };
     let bad = |want: f64, g: T| ((g.to_f64() - want).abs() > tol * want.abs().max(1.0)) as usize;
     match coll {
-        Coll::AllReduce => (0..cout).map(|i| bad(reduce_ref(a.op, n, i, a.dtype), got[i])).sum(),
-        Coll::AllGather => (0..cout).map(|i| bad(value(i / cin, i % cin), got[i])).sum(),
+        Coll::AllReduce => (0..cout)
+            .map(|i| bad(reduce_ref(a.op, n, i, a.dtype), got[i]))
+            .sum(),
+        Coll::AllGather => (0..cout)
+            .map(|i| bad(value(i / cin, i % cin), got[i]))
+            .sum(),
         Coll::ReduceScatter => {
             let base = if in_place { rank * cout } else { 0 };
-            (0..cout).map(|i| bad(reduce_ref(a.op, n, rank * cout + i, a.dtype), got[base + i])).sum()
+            (0..cout)
+                .map(|i| bad(reduce_ref(a.op, n, rank * cout + i, a.dtype), got[base + i]))
+                .sum()
         }
         Coll::Broadcast => (0..cout).map(|i| bad(value(a.root, i), got[i])).sum(),
-        Coll::Reduce if rank == a.root => (0..cout).map(|i| bad(reduce_ref(a.op, n, i, a.dtype), got[i])).sum(),
+        Coll::Reduce if rank == a.root => (0..cout)
+            .map(|i| bad(reduce_ref(a.op, n, i, a.dtype), got[i]))
+            .sum(),
         Coll::Reduce => 0,
         Coll::AllToAll => {
             let blk = cout / n.max(1);
-            (0..cout).map(|i| bad(value(i / blk.max(1), rank * blk + i % blk.max(1)), got[i])).sum()
+            (0..cout)
+                .map(|i| bad(value(i / blk.max(1), rank * blk + i % blk.max(1)), got[i]))
+                .sum()
         }
         Coll::SendRecv => {
             let peer = if n == 1 { rank } else { rank ^ 1 };

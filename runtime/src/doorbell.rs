@@ -9,7 +9,9 @@
 
 use std::time::Duration;
 
-use crate::sync::{Arc, AtomicU32, Ordering};
+#[cfg(all(test, ampccl_loom))]
+use crate::sync::Arc;
+use crate::sync::{AtomicU32, Ordering};
 
 /// The words of a doorbell, `#[repr(C)]` so they can be placed in shared memory.
 #[repr(C)]
@@ -22,8 +24,9 @@ pub struct DoorbellWords {
     wakes: AtomicU32,
 }
 
-/// Keeps the memory behind a shared-memory handle mapped.
-pub type Keepalive = Arc<dyn Send + Sync>;
+/// Keeps the memory behind a shared-memory handle mapped (a plain `std` Arc even under loom:
+/// it only owns memory, it synchronizes nothing).
+pub type Keepalive = std::sync::Arc<dyn Send + Sync>;
 
 /// Handle to a doorbell (heap or shared memory). Cheap to clone.
 #[derive(Clone)]
@@ -46,7 +49,7 @@ impl Default for Doorbell {
 impl Doorbell {
     /// A doorbell in process memory.
     pub fn new() -> Doorbell {
-        let words = Arc::new(DoorbellWords::default());
+        let words = std::sync::Arc::new(DoorbellWords::default());
         let ptr: *const DoorbellWords = &*words;
         Doorbell {
             words: ptr,
@@ -90,7 +93,11 @@ impl Doorbell {
     pub fn sleep(&self, seen: u32, timeout: Duration) {
         let w = self.words();
         w.sleepers.fetch_add(1, Ordering::SeqCst);
-        if w.seq.load(Ordering::SeqCst) == seen {
+        // A read-modify-write, not a load: it is ordered with the ringer's increment in `seq`'s
+        // modification order, so either we see the ring, or the ringer's `sleepers` load sees
+        // our increment (Dekker's pattern without relying on SeqCst loads, which loom does not
+        // model).
+        if w.seq.fetch_add(0, Ordering::SeqCst) == seen {
             self.block(seen, timeout);
         }
         w.sleepers.fetch_sub(1, Ordering::SeqCst);
@@ -117,7 +124,7 @@ impl Doorbell {
     fn block(&self, seen: u32, _timeout: Duration) {
         let w = self.words();
         let wakes = w.wakes.load(Ordering::SeqCst);
-        if w.seq.load(Ordering::SeqCst) != seen {
+        if w.seq.fetch_add(0, Ordering::SeqCst) != seen {
             return;
         }
         while w.wakes.load(Ordering::SeqCst) == wakes {

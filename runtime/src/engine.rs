@@ -15,7 +15,9 @@ use crate::doorbell::Doorbell;
 use crate::error::{Error, Result};
 use crate::notify::Notify;
 use crate::stream::{Stream, StreamInner, lock};
-use crate::sync::{Arc, AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, spin_hint};
+use std::sync::Arc;
+
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, spin_hint};
 
 /// Idle polls spent spinning, then yielding, before a driver sleeps on the doorbell.
 const SPIN_POLLS: u32 = 100;
@@ -220,6 +222,14 @@ impl EngineInner {
     }
 
     pub(crate) fn kick(self: &Arc<Self>) {
+        #[cfg(not(ampccl_loom))]
+        self.start_background();
+        self.bell.ring();
+    }
+
+    /// Starts the background driver once (not under loom: models drive explicitly).
+    #[cfg(not(ampccl_loom))]
+    fn start_background(self: &Arc<Self>) {
         let mut bg = lock(&self.background);
         if bg.is_none() && !self.stop.load(Ordering::Acquire) {
             let me = self.clone();
@@ -231,10 +241,9 @@ impl EngineInner {
                 Err(e) => tracing::error!("cannot start the progress thread: {e}"),
             }
         }
-        drop(bg);
-        self.bell.ring();
     }
 
+    #[cfg(not(ampccl_loom))]
     fn background_loop(self: Arc<Self>) {
         let mut idle = 0u32;
         while !self.stop.load(Ordering::Acquire) {

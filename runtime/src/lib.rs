@@ -12,17 +12,14 @@
 
 pub mod doorbell;
 pub mod dtype;
-#[cfg(not(ampccl_loom))]
 pub mod engine;
 pub mod error;
 #[cfg(not(ampccl_loom))]
 pub mod futex;
 pub mod notify;
 pub mod reduce;
-#[cfg(not(ampccl_loom))]
 pub mod stream;
 pub mod sync;
-#[cfg(not(ampccl_loom))]
 pub mod task;
 
 pub use dtype::{DataType, Element, ReduceOp};

@@ -28,7 +28,7 @@ unsafe impl Sync for Notify {}
 impl Notify {
     /// A notify in process memory, waited on by an engine with doorbell `waiter_bell`.
     pub fn new(waiter_bell: Doorbell) -> Notify {
-        let counter = Arc::new(AtomicU32::new(0));
+        let counter = std::sync::Arc::new(AtomicU32::new(0));
         let ptr: *const AtomicU32 = &*counter;
         Notify {
             counter: ptr,

@@ -12,7 +12,7 @@ use crate::error::Result;
 use crate::notify::Notify;
 use crate::reduce;
 use crate::stream::Event;
-use crate::sync::Arc;
+use std::sync::Arc;
 
 /// One of HCCL's link primitives, with the sequence number assigned when it was enqueued.
 #[derive(Debug, Clone, Copy)]
