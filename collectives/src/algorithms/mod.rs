@@ -5,8 +5,12 @@ use std::sync::Arc;
 use crate::executor::Executor;
 use crate::op::OpKind;
 
+pub mod allgather_mesh;
+pub mod allgather_ring;
 pub mod allreduce_oneshot;
 pub mod allreduce_ring;
+pub mod alltoall_pairwise;
+pub mod reduce_scatter_ring;
 
 /// `(name, kind, executor)` of every built-in algorithm.
 pub fn builtin() -> Vec<(&'static str, OpKind, Arc<dyn Executor>)> {
@@ -20,6 +24,26 @@ pub fn builtin() -> Vec<(&'static str, OpKind, Arc<dyn Executor>)> {
             "AllReduceOneShot",
             OpKind::AllReduce,
             Arc::new(allreduce_oneshot::AllReduceOneShot),
+        ),
+        (
+            "AllGatherMesh",
+            OpKind::AllGather,
+            Arc::new(allgather_mesh::AllGatherMesh),
+        ),
+        (
+            "AllGatherRing",
+            OpKind::AllGather,
+            Arc::new(allgather_ring::AllGatherRing),
+        ),
+        (
+            "ReduceScatterRing",
+            OpKind::ReduceScatter,
+            Arc::new(reduce_scatter_ring::ReduceScatterRing),
+        ),
+        (
+            "AllToAllPairwise",
+            OpKind::AllToAll,
+            Arc::new(alltoall_pairwise::AllToAllPairwise),
         ),
     ]
 }

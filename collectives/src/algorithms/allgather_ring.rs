@@ -1,0 +1,50 @@
+//! `AllGatherRing`: bandwidth-optimal ring allgather. Each rank first places its own block in
+//! the output (unless in place), then for `world - 1` steps forwards to the next rank the block
+//! it received last from the previous one, so every rank sends and receives `(P-1)/P` of the
+//! output once.
+//!
+//! Without user-memory links the blocks travel through the two alternating halves of the CCL
+//! input buffer ([`Ring`]), in rounds of at most one half per block (round `i` moves elements
+//! `[start, start + len)` of every block); with them each step lands straight in the output
+//! and one round covers the whole message.
+
+use ampccl_runtime::Result;
+
+use crate::executor::Executor;
+use crate::op::OpParam;
+use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, Mem};
+use crate::steps::blocks::rounds;
+use crate::steps::exchange::copy_own;
+use crate::steps::ring::{self, Layout, Ring, Round};
+
+pub struct AllGatherRing;
+
+impl Executor for AllGatherRing {
+    fn calc_res_request(&self, p: &OpParam) -> AlgResourceRequest {
+        AlgResourceRequest::ring(p.rank, p.world)
+    }
+
+    fn orchestrate(&self, p: &OpParam, res: &mut AlgResourceResponse<'_>) -> Result<()> {
+        let (e, n) = (p.elem(), p.count);
+        copy_own(res, p.in_place, p.rank * n * e, 0, n * e)?;
+        if p.world == 1 || n == 0 {
+            return Ok(());
+        }
+        let mut r = Ring::new(p, res.ccl_in_size);
+        let per_round = if res.user_mem_links {
+            n
+        } else {
+            r.slot_elems(e)
+        };
+        for (start, len) in rounds(n, per_round) {
+            let round = Round {
+                layout: Layout::Strided { stride: n, len },
+                base_in: Mem::of(BufKind::UserIn).add(start * e),
+                base_out: Mem::of(BufKind::UserOut).add(start * e),
+            };
+            // Rank r starts owning block r (shift 0).
+            ring::all_gather(p, res, &mut r, &round, 0)?;
+        }
+        Ok(())
+    }
+}

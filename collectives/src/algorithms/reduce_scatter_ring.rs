@@ -1,0 +1,54 @@
+//! `ReduceScatterRing`: bandwidth-optimal ring reduce-scatter. For `world - 1` steps each rank
+//! receives the previous rank's partial result of one block, combines it with its own input
+//! block and forwards it; partial results stay in the two alternating halves of the CCL input
+//! buffer ([`Ring`]) and only the final step writes the user output (block `rank`). Each rank
+//! sends and receives `(P-1)/P` of the input once.
+//!
+//! Rounds of at most one half-buffer per block (round `i` reduces elements
+//! `[start, start + len)` of every block). `Avg` reduces as `Sum` and divides the output once
+//! at the end. In place (output = input + rank * count) is safe: block `rank` of the input is
+//! read only by the final reduction, which writes it.
+
+use ampccl_runtime::{ReduceOp, Result};
+
+use crate::executor::Executor;
+use crate::op::OpParam;
+use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, MAIN, Mem};
+use crate::steps::blocks::rounds;
+use crate::steps::exchange::copy_own;
+use crate::steps::ring::{self, Layout, Ring, Round};
+
+pub struct ReduceScatterRing;
+
+impl Executor for ReduceScatterRing {
+    fn calc_res_request(&self, p: &OpParam) -> AlgResourceRequest {
+        AlgResourceRequest::ring(p.rank, p.world)
+    }
+
+    fn orchestrate(&self, p: &OpParam, res: &mut AlgResourceResponse<'_>) -> Result<()> {
+        let (e, n) = (p.elem(), p.count);
+        if n == 0 {
+            return Ok(());
+        }
+        if p.world == 1 {
+            // Avg over one rank is the value itself.
+            return copy_own(res, p.in_place, 0, 0, n * e);
+        }
+        let mut r = Ring::new(p, res.ccl_in_size);
+        for (start, len) in rounds(n, r.slot_elems(e)) {
+            let out = Mem::of(BufKind::UserOut).add(start * e);
+            let round = Round {
+                layout: Layout::Strided { stride: n, len },
+                base_in: Mem::of(BufKind::UserIn).add(start * e),
+                base_out: out,
+            };
+            // After world - 1 steps rank r holds block r + shift: shift 0.
+            ring::reduce_scatter(p, res, &mut r, &round, 0, Some(out))?;
+        }
+        if p.op == ReduceOp::Avg {
+            res.tasks
+                .finish_avg(MAIN, p.dtype, Mem::of(BufKind::UserOut), n, p.world)?;
+        }
+        Ok(())
+    }
+}
