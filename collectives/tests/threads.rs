@@ -1,32 +1,10 @@
 //! Thread-mode multi-rank tests: every rank is a thread of this process (gloo's
 //! `BaseTest::spawn` style), connected through the real shared-memory transport.
 
-use std::time::Duration;
+mod common;
 
-use ampccl::registry::Registry;
-use ampccl::{Communicator, Config, ReduceOp, UniqueId};
-
-fn spawn<T: Send + 'static>(
-    world: usize,
-    f: impl Fn(Communicator) -> T + Send + Sync + Clone + 'static,
-) -> Vec<T> {
-    let id = UniqueId::generate().unwrap();
-    let handles: Vec<_> = (0..world)
-        .map(|r| {
-            let f = f.clone();
-            std::thread::spawn(move || {
-                let cfg = Config {
-                    timeout: Duration::from_secs(30),
-                    buffsize: 64 * 1024,
-                    ..Config::default()
-                };
-                let c = Communicator::init_with(&id, r, world, cfg, Registry::builtin()).unwrap();
-                f(c)
-            })
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
-}
+use ampccl::ReduceOp;
+use common::spawn;
 
 #[test]
 fn allreduce_sum_f32_all_sizes() {

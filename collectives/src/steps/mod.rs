@@ -1,4 +1,5 @@
 //! Reusable orchestration steps shared by several algorithms (HCCL's third tier).
 
 pub mod blocks;
+pub mod pipe;
 pub mod ring;
