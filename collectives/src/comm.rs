@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use ampccl_runtime::engine::Engine;
 use ampccl_runtime::notify::Notify;
 use ampccl_runtime::stream::{Event, Stream};
+use ampccl_runtime::task::Task;
 use ampccl_runtime::{Error, Result};
 use ampccl_transport::bootstrap::{Bootstrap, UniqueId};
 use ampccl_transport::link::Link;
@@ -270,21 +271,47 @@ impl Communicator {
                 s.wait_event(ev);
             }
         };
-        let result = if let [call] = calls {
+        let jobs = plan(c.rank, calls)?;
+        let result = if let [job] = jobs[..] {
             after_prior(stream);
-            c.orchestrate(stream, call)
+            c.run_job(stream, calls, job)
         } else {
+            // Without cross-memory attach every receive lands in the one CCL input buffer, so
+            // the group's receives take turns on one stream (sends, which read user memory,
+            // still run concurrently; a receive waits only for its matching send, which waits
+            // only for that receive: no cycle). With it they land in user memory directly.
+            let serial_recv = !c.dev.uses_cma();
+            let mut lanes = Vec::with_capacity(jobs.len());
+            let (mut n, mut recv_lane) = (0, None);
+            for job in &jobs {
+                let is_recv = matches!(*job, Job::Call(i) if calls[i].p.kind == OpKind::Recv);
+                let lane = match recv_lane {
+                    Some(l) if serial_recv && is_recv => l,
+                    _ => {
+                        n += 1;
+                        if serial_recv && is_recv {
+                            recv_lane = Some(n - 1);
+                        }
+                        n - 1
+                    }
+                };
+                lanes.push(lane);
+            }
             let mut streams = c.group_streams.lock().unwrap_or_else(|e| e.into_inner());
-            while streams.len() < calls.len() {
+            while streams.len() < n {
                 streams.push(c.engine.stream());
             }
-            let mut r = Ok(());
-            for (call, s) in calls.iter().zip(streams.iter()) {
+            for s in &streams[..n] {
                 after_prior(s);
-                r = c.orchestrate(s, call);
+            }
+            let mut r = Ok(());
+            for (&job, &lane) in jobs.iter().zip(&lanes) {
+                r = c.run_job(&streams[lane], calls, job);
                 if r.is_err() {
                     break;
                 }
+            }
+            for s in &streams[..n] {
                 stream.wait_event(&s.record());
             }
             r
@@ -299,6 +326,53 @@ impl Communicator {
         *last = Some((stream.clone(), ev.clone()));
         Ok(ev)
     }
+}
+
+/// One unit of a submission: a call orchestrated by its executor, or a send to this rank
+/// itself with its matching receive (indices into the calls), done as a local copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Job {
+    Call(usize),
+    SelfCopy { send: usize, recv: usize },
+}
+
+/// Pairs the `n`-th send to this rank itself with the `n`-th receive from it (their sizes must
+/// match) and keeps every other call as is; an unpaired one is an error, found before anything
+/// is queued.
+fn plan(rank: usize, calls: &[Call]) -> Result<Vec<Job>> {
+    let to_self = |kind: OpKind| {
+        calls
+            .iter()
+            .enumerate()
+            .filter(move |(_, c)| c.p.kind == kind && c.p.root == rank)
+            .map(|(i, _)| i)
+    };
+    let (sends, recvs): (Vec<_>, Vec<_>) = (
+        to_self(OpKind::Send).collect(),
+        to_self(OpKind::Recv).collect(),
+    );
+    if sends.len() != recvs.len() {
+        return Err(Error::InvalidArgument(format!(
+            "{} send(s) to this rank ({rank}) itself but {} receive(s) from it: a send to \
+             oneself needs a group with the matching recv",
+            sends.len(),
+            recvs.len()
+        )));
+    }
+    let mut jobs = Vec::with_capacity(calls.len());
+    for (&send, &recv) in sends.iter().zip(&recvs) {
+        let (sb, rb) = (calls[send].input.len, calls[recv].output.len);
+        if sb != rb {
+            return Err(Error::InvalidArgument(format!(
+                "a send of {sb} bytes to this rank ({rank}) itself is matched with a receive \
+                 of {rb} bytes"
+            )));
+        }
+        jobs.push(Job::SelfCopy { send, recv });
+    }
+    let paired = |i: usize| sends.contains(&i) || recvs.contains(&i);
+    jobs.extend((0..calls.len()).filter(|&i| !paired(i)).map(Job::Call));
+    Ok(jobs)
 }
 
 /// A validated operation: its parameters and buffers.
@@ -332,6 +406,30 @@ impl CommInner {
             Error::Internal(format!("operator selected unregistered algorithm {name}"))
         })?;
         Ok((e, tag))
+    }
+
+    /// Queues one job onto `stream` (the caller, `submit`, guarantees the calls' regions stay
+    /// valid until the stream gets past it).
+    fn run_job(&self, stream: &Stream, calls: &[Call], job: Job) -> Result<()> {
+        match job {
+            Job::Call(i) => self.orchestrate(stream, &calls[i]),
+            Job::SelfCopy { send, recv } => {
+                let (src, dst) = (calls[send].input, calls[recv].output);
+                if src.len > 0 && src.ptr != dst.ptr {
+                    // SAFETY: both regions hold `src.len` bytes (checked by `plan`) and stay
+                    // valid until the operation completes (the contract of `submit`); the
+                    // typed API borrows them as `&[T]` and `&mut [T]`, so they do not overlap.
+                    unsafe {
+                        stream.enqueue(Task::Copy {
+                            dst: dst.ptr,
+                            src: src.ptr,
+                            len: src.len,
+                        })
+                    };
+                }
+                Ok(())
+            }
+        }
     }
 
     /// Selects, fetches resources and orchestrates one call onto `stream`.

@@ -1,13 +1,15 @@
 //! Thread-mode multi-rank tests: every rank is a thread of this process (gloo's
 //! `BaseTest::spawn` style), connected through the real shared-memory transport.
 
+mod common;
+
 use std::collections::HashMap;
 use std::fmt::Debug;
 use std::time::Duration;
 
 use ampccl::op::OpKind;
-use ampccl::registry::Registry;
-use ampccl::{Communicator, Config, Element, ReduceOp, UniqueId, bf16, f16};
+use ampccl::{Communicator, Config, Element, ReduceOp, bf16, f16};
+use common::spawn_with;
 
 /// Bytes of each CCL buffer in these tests (small, so large counts exercise chunking).
 const BUFFSIZE: usize = 64 * 1024;
@@ -26,33 +28,12 @@ fn config(forced: &[(OpKind, &str)], allow_cma: bool) -> Config {
     }
 }
 
+/// Runs `f` on `world` ranks with the default test configuration.
 fn spawn<T: Send + 'static>(
     world: usize,
     f: impl Fn(Communicator) -> T + Send + Sync + Clone + 'static,
 ) -> Vec<T> {
     spawn_with(world, config(&[], true), f)
-}
-
-/// Runs `f` on `world` ranks, each a thread with its own communicator configured by `cfg`.
-fn spawn_with<T: Send + 'static>(
-    world: usize,
-    cfg: Config,
-    f: impl Fn(Communicator) -> T + Send + Sync + Clone + 'static,
-) -> Vec<T> {
-    let id = UniqueId::generate().unwrap();
-    let handles: Vec<_> = (0..world)
-        .map(|r| {
-            let (f, cfg) = (f.clone(), cfg.clone());
-            std::thread::spawn(move || {
-                let allow_cma = cfg.allow_cma;
-                let c = Communicator::init_with(&id, r, world, cfg, Registry::builtin()).unwrap();
-                // Thread mode: every peer is this process, so "CMA" is on exactly when allowed.
-                assert_eq!(c.uses_cross_memory_attach(), allow_cma);
-                f(c)
-            })
-        })
-        .collect();
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
 }
 
 /// Element types of the tests, built from small integers (exact in every type, so float

@@ -140,6 +140,16 @@ impl Link {
     }
 }
 
+/// Raises `counter` to `to` unless it is already there or beyond (wrapping order). Operations
+/// of one link may complete out of issue order when they run on different streams (the
+/// members of a group): a plain store could move the counter back and leave a waiter on a
+/// later operation pending forever.
+fn advance(counter: &AtomicU32, to: u32) {
+    let _ = counter.fetch_update(Ordering::Release, Ordering::Acquire, |cur| {
+        ((to.wrapping_sub(cur) as i32) > 0).then_some(to)
+    });
+}
+
 impl LinkDriver for Link {
     fn poll_op(&self, op: &mut LinkOp) -> Poll<Result<()>> {
         let dev = &*self.dev;
@@ -162,8 +172,7 @@ impl LinkDriver for Link {
                 if r.is_ready() {
                     // Device writes are complete once issued (shared memory); a device with
                     // asynchronous completions would advance this from its completion queue.
-                    self.tx_completed
-                        .store(seq.wrapping_add(1), Ordering::Release);
+                    advance(&self.tx_completed, seq.wrapping_add(1));
                 }
                 r
             }
@@ -178,8 +187,7 @@ impl LinkDriver for Link {
             LinkOp::RxWaitDone { seq, len } => {
                 let r = protocol::poll_recv(dev, self.peer, seq, len);
                 if r.is_ready() {
-                    self.rx_completed
-                        .store(seq.wrapping_add(1), Ordering::Release);
+                    advance(&self.rx_completed, seq.wrapping_add(1));
                 }
                 r
             }
@@ -192,5 +200,23 @@ impl LinkDriver for Link {
 
     fn peer_desc(&self) -> String {
         self.dev.peer_desc(self.peer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn completion_counters_never_move_back() {
+        let c = AtomicU32::new(0);
+        advance(&c, 4);
+        advance(&c, 2);
+        assert_eq!(c.load(Ordering::Relaxed), 4);
+        advance(&c, 5);
+        assert_eq!(c.load(Ordering::Relaxed), 5);
+        let w = AtomicU32::new(u32::MAX);
+        advance(&w, 1);
+        assert_eq!(w.load(Ordering::Relaxed), 1);
     }
 }

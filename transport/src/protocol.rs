@@ -41,7 +41,15 @@ pub fn post_recv(
     if seq.wrapping_sub(completed) >= depth {
         return Poll::Pending;
     }
-    let Some((key, addr)) = dev.expose(dst, len) else {
+    // A zero-length receive names no memory (the sender writes nothing, only the immediate),
+    // so its buffer need not be exposable: an empty user buffer may be null or lie outside
+    // every window, and a zero-byte message must still match (or mismatch) a peer's send.
+    let exposed = if len == 0 {
+        Some(dev.expose(dst, 0).unwrap_or((0, 0)))
+    } else {
+        dev.expose(dst, len)
+    };
+    let Some((key, addr)) = exposed else {
         return Poll::Ready(Err(Error::Internal(format!(
             "receive buffer {dst:p}+{len} is not in a registered window"
         ))));
@@ -211,6 +219,23 @@ pub(crate) mod tests {
             matches!(e, Error::InvalidUsage(ref m) if m.contains("expects 16")),
             "{e}"
         );
+    }
+
+    #[test]
+    fn zero_length_messages_match_and_mismatch() {
+        let (a, b) = PairDevice::pair(4, 64);
+        // An empty receive buffer may be null (an empty user slice) and outside any window.
+        ready(post_recv(&b, 0, 0, 0, std::ptr::null_mut(), 0, 1)).unwrap();
+        // SAFETY: zero bytes are read.
+        ready(unsafe { try_send(&a, 1, 0, std::ptr::null(), 0, 1) }).unwrap();
+        ready(poll_recv(&b, 0, 0, 0)).unwrap();
+        // 0 bytes against a receive of 8: the sender refuses, the receiver learns it.
+        let dst = b.window_ptr(0);
+        ready(post_recv(&b, 0, 1, 1, dst, 8, 1)).unwrap();
+        // SAFETY: zero bytes are read.
+        let e = ready(unsafe { try_send(&a, 1, 1, std::ptr::null(), 0, 1) }).unwrap_err();
+        assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
+        assert!(ready(poll_recv(&b, 0, 1, 8)).is_err());
     }
 
     #[test]

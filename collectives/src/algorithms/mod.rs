@@ -10,7 +10,12 @@ pub mod allgather_ring;
 pub mod allreduce_oneshot;
 pub mod allreduce_ring;
 pub mod alltoall_pairwise;
+pub mod barrier_mesh;
+pub mod broadcast_chain;
+pub mod recv;
+pub mod reduce_chain;
 pub mod reduce_scatter_ring;
+pub mod send;
 
 /// `(name, kind, executor)` of every built-in algorithm.
 pub fn builtin() -> Vec<(&'static str, OpKind, Arc<dyn Executor>)> {
@@ -44,6 +49,23 @@ pub fn builtin() -> Vec<(&'static str, OpKind, Arc<dyn Executor>)> {
             "AllToAllPairwise",
             OpKind::AllToAll,
             Arc::new(alltoall_pairwise::AllToAllPairwise),
+        ),
+        (
+            "BroadcastChain",
+            OpKind::Broadcast,
+            Arc::new(broadcast_chain::BroadcastChain),
+        ),
+        (
+            "ReduceChain",
+            OpKind::Reduce,
+            Arc::new(reduce_chain::ReduceChain),
+        ),
+        ("Send", OpKind::Send, Arc::new(send::Send)),
+        ("Recv", OpKind::Recv, Arc::new(recv::Recv)),
+        (
+            "BarrierMesh",
+            OpKind::Barrier,
+            Arc::new(barrier_mesh::BarrierMesh),
         ),
     ]
 }

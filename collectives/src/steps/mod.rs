@@ -2,4 +2,5 @@
 
 pub mod blocks;
 pub mod exchange;
+pub mod pipe;
 pub mod ring;

@@ -1,0 +1,47 @@
+//! `BroadcastChain`: pipelined chain `root → root+1 → … → root+P-1` (mod P).
+//!
+//! The message goes in chunks of half the CCL input buffer. The root sends each chunk of its
+//! input to the next rank (and copies it to its output unless in place); every other rank
+//! receives chunk `c` into slot `c % 2` of `CclIn` (or straight into its output when the link
+//! writes user memory), forwards it from there to the next rank (the last rank does not) and
+//! copies it to its output. Chunk `c + 1`'s receive is posted before chunk `c` is forwarded, so
+//! after a fill of `P - 1` chunks every link carries a chunk at once: time ≈
+//! `(chunks + P - 2) · chunk / bandwidth`. The relay loop and its double-buffer discipline are
+//! [`crate::steps::pipe::relay`]. Links: the ring neighbours (the same for every root, so the
+//! cached resources fit all roots).
+
+use ampccl_runtime::Result;
+
+use crate::executor::Executor;
+use crate::op::OpParam;
+use crate::resource::{AlgResourceRequest, AlgResourceResponse};
+use crate::steps::pipe::{self, Chain, Deliver, Pipe, Slots};
+
+pub struct BroadcastChain;
+
+impl Executor for BroadcastChain {
+    fn calc_res_request(&self, p: &OpParam) -> AlgResourceRequest {
+        AlgResourceRequest::ring(p.rank, p.world)
+    }
+
+    fn orchestrate(&self, p: &OpParam, res: &mut AlgResourceResponse<'_>) -> Result<()> {
+        let bytes = p.count * p.elem();
+        if p.world == 1 {
+            return pipe::copy_through(p, res, bytes);
+        }
+        let chain = Chain::new(p);
+        let (from, to) = chain.from_root();
+        let pipe = Pipe {
+            from,
+            to,
+            handshake: false,
+            slots: Slots::new(res.ccl_in_size, p.elem()),
+        };
+        let mut stage = Deliver {
+            head: from.is_none(),
+            keep: true,
+            direct: res.user_mem_links,
+        };
+        pipe::relay(res, &pipe, &pipe.slots.chunks(bytes, false), &mut stage)
+    }
+}

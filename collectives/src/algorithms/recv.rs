@@ -1,0 +1,46 @@
+//! `Recv`: the receiving half of a point-to-point transfer (seed 001's chunked loop).
+//!
+//! Chunks of half the CCL input buffer, the same as [`crate::algorithms::send`] computes. For
+//! each chunk: ack the sender (the slot is free), post the receive into slot `c % 2` of
+//! `CclIn` — or straight into the user's output when the link writes user memory —, wait for
+//! the data, copy it to the output. Chunk `c + 1` is acked and posted before chunk `c` is
+//! copied out, so the sender's next write overlaps the copy. Runs the tail of
+//! [`crate::steps::pipe::relay`] with the ack handshake.
+
+use ampccl_runtime::Result;
+
+use crate::algorithms::send::{check_peer, p2p_slots};
+use crate::executor::Executor;
+use crate::op::OpParam;
+use crate::resource::{AlgResourceRequest, AlgResourceResponse};
+use crate::steps::pipe::{self, Deliver, Pipe};
+
+pub struct Recv;
+
+impl Executor for Recv {
+    fn calc_res_request(&self, p: &OpParam) -> AlgResourceRequest {
+        AlgResourceRequest::mesh(p.rank, p.world)
+    }
+
+    fn orchestrate(&self, p: &OpParam, res: &mut AlgResourceResponse<'_>) -> Result<()> {
+        check_peer(p)?;
+        let slots = p2p_slots(res.ccl_in_size);
+        let pipe = Pipe {
+            from: Some(p.root),
+            to: None,
+            handshake: true,
+            slots,
+        };
+        let mut stage = Deliver {
+            head: false,
+            keep: true,
+            direct: res.user_mem_links,
+        };
+        pipe::relay(
+            res,
+            &pipe,
+            &slots.chunks(p.count * p.elem(), true),
+            &mut stage,
+        )
+    }
+}

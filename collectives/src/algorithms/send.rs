@@ -1,0 +1,67 @@
+//! `Send`: the sending half of a point-to-point transfer (seed 001's chunked loop).
+//!
+//! The message goes in chunks of half the CCL input buffer — the receiver's slots, so both
+//! sides derive the same chunking from the byte count and the buffer size (see
+//! [`crate::algorithms::recv`]). For each chunk: wait for the receiver's ack (its slot is
+//! free), write the chunk from the user's input into the receive the peer posted, complete the
+//! write. A message of zero bytes is still one empty transfer, so a 0-vs-N mismatch fails on
+//! both sides instead of passing silently. Runs the head of
+//! [`crate::steps::pipe::relay`] with the ack handshake.
+//!
+//! Links to every peer are requested: the resources are cached per algorithm, not per peer.
+
+use ampccl_runtime::{Error, Result};
+
+use crate::executor::Executor;
+use crate::op::OpParam;
+use crate::resource::{AlgResourceRequest, AlgResourceResponse};
+use crate::steps::pipe::{self, Deliver, Pipe, Slots};
+
+pub struct Send;
+
+/// The chunk geometry both halves of a transfer use: bytes, not elements (Send and Recv only
+/// agree on the byte count).
+pub(crate) fn p2p_slots(ccl_in_size: usize) -> Slots {
+    Slots::new(ccl_in_size, 1)
+}
+
+/// A transfer with this rank itself cannot go over a link (the framework pairs it in a group).
+pub(crate) fn check_peer(p: &OpParam) -> Result<()> {
+    if p.root == p.rank || p.root >= p.world {
+        return Err(Error::InvalidArgument(format!(
+            "{}: peer {} needs a group with the matching send/recv (world {})",
+            p.describe(),
+            p.root,
+            p.world
+        )));
+    }
+    Ok(())
+}
+
+impl Executor for Send {
+    fn calc_res_request(&self, p: &OpParam) -> AlgResourceRequest {
+        AlgResourceRequest::mesh(p.rank, p.world)
+    }
+
+    fn orchestrate(&self, p: &OpParam, res: &mut AlgResourceResponse<'_>) -> Result<()> {
+        check_peer(p)?;
+        let slots = p2p_slots(res.ccl_in_size);
+        let pipe = Pipe {
+            from: None,
+            to: Some(p.root),
+            handshake: true,
+            slots,
+        };
+        let mut stage = Deliver {
+            head: true,
+            keep: false,
+            direct: false,
+        };
+        pipe::relay(
+            res,
+            &pipe,
+            &slots.chunks(p.count * p.elem(), true),
+            &mut stage,
+        )
+    }
+}

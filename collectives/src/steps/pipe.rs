@@ -1,0 +1,264 @@
+//! Pipelined point-to-point steps: messages chunked through the bounded CCL input buffer,
+//! double-buffered receive slots, and the relay loop every chain-shaped algorithm (Broadcast,
+//! Reduce, Send, Recv) runs on each rank.
+//!
+//! A *relay* rank receives chunk `c` from its upstream peer (unless it is the head, which reads
+//! its own source), processes it, and forwards it downstream (unless it is the tail). Its tasks,
+//! on the main stream, are:
+//!
+//! ```text
+//! post(0)
+//! for c: post(c + 1); wait(c); arrived(c); send(c); forwarded(c); send_done(c)
+//! ```
+//!
+//! - receives are posted before the sends of the same step (a mismatch is detected through the
+//!   clear-to-send fingerprint instead of deadlocking), and chunk `c + 1` is posted before
+//!   chunk `c` is forwarded, so consecutive ranks work on consecutive chunks at once;
+//! - chunk `c` lands in slot `c % 2` (a half of `CclIn`); slot `(c + 1) % 2` is re-posted only
+//!   after chunk `c - 1`, which used it, was forwarded (`send_done`) and consumed
+//!   (`forwarded`): tasks of a stream run in order;
+//! - with a handshake (Send/Recv), the receiver acks each chunk right before posting it and the
+//!   sender waits for that ack before writing (HCCL's `TxAck`/`RxAck`).
+
+use ampccl_runtime::Result;
+
+use crate::op::OpParam;
+use crate::resource::{AlgResourceResponse, BufKind, MAIN, Mem};
+use crate::steps::blocks::rounds;
+
+/// The two alternating receive slots: halves of the CCL input buffer, whole elements each.
+#[derive(Clone, Copy, Debug)]
+pub struct Slots {
+    /// Bytes of one slot (the chunk size of a pipeline).
+    pub bytes: usize,
+}
+
+impl Slots {
+    /// Halves of a `ccl_in_size`-byte buffer holding whole `elem`-byte elements.
+    pub fn new(ccl_in_size: usize, elem: usize) -> Slots {
+        Slots {
+            bytes: (ccl_in_size / 2 / elem).max(1) * elem,
+        }
+    }
+
+    /// The slot of chunk `c`.
+    pub fn slot(&self, c: usize) -> Mem {
+        Mem::of(BufKind::CclIn).add((c % 2) * self.bytes)
+    }
+
+    /// `(offset, len)` in bytes of the chunks of a `bytes`-byte message. A point-to-point
+    /// message of zero bytes is still one (empty) chunk, so a 0-vs-N mismatch is detected;
+    /// collectives of zero bytes have no chunks.
+    pub fn chunks(&self, bytes: usize, empty_is_message: bool) -> Vec<(usize, usize)> {
+        if bytes == 0 && empty_is_message {
+            return vec![(0, 0)];
+        }
+        rounds(bytes, self.bytes).collect()
+    }
+}
+
+/// Ranks `root, root + 1, ..., root + P - 1` (mod P) in a line; `pos` is this rank's place.
+#[derive(Clone, Copy, Debug)]
+pub struct Chain {
+    pub pos: usize,
+    pub root: usize,
+    pub world: usize,
+}
+
+impl Chain {
+    pub fn new(p: &OpParam) -> Chain {
+        Chain {
+            pos: (p.rank + p.world - p.root) % p.world,
+            root: p.root,
+            world: p.world,
+        }
+    }
+
+    fn rank_at(&self, pos: usize) -> usize {
+        (self.root + pos) % self.world
+    }
+
+    /// Data flowing away from the root: `(from, to)`.
+    pub fn from_root(&self) -> (Option<usize>, Option<usize>) {
+        (
+            (self.pos > 0).then(|| self.rank_at(self.pos - 1)),
+            (self.pos + 1 < self.world).then(|| self.rank_at(self.pos + 1)),
+        )
+    }
+
+    /// Data flowing toward the root: `(from, to)`.
+    pub fn to_root(&self) -> (Option<usize>, Option<usize>) {
+        let (toward, away) = self.from_root();
+        (away, toward)
+    }
+}
+
+/// What one rank of a relay does with each chunk (`off`, `len`: bytes into the message).
+pub trait Stage {
+    /// Where chunk `off` is on this rank: at the head its source; otherwise the memory it is
+    /// received into (`slot`, or user memory where the link allows it).
+    fn at(&self, off: usize, slot: Mem) -> Mem;
+    /// Tasks once the chunk is at `at`; returns the memory to forward (if there is a
+    /// downstream).
+    fn arrived(
+        &mut self,
+        _res: &mut AlgResourceResponse<'_>,
+        _off: usize,
+        _len: usize,
+        at: Mem,
+    ) -> Result<Mem> {
+        Ok(at)
+    }
+    /// Tasks after the forward was issued (overlapping it), e.g. delivering to the output.
+    fn forwarded(
+        &mut self,
+        _res: &mut AlgResourceResponse<'_>,
+        _off: usize,
+        _len: usize,
+        _at: Mem,
+    ) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// This rank's links in a relay.
+#[derive(Clone, Copy, Debug)]
+pub struct Pipe {
+    pub from: Option<usize>,
+    pub to: Option<usize>,
+    /// Ack each chunk before it is sent (Send/Recv's buffer-free handshake).
+    pub handshake: bool,
+    pub slots: Slots,
+}
+
+/// Runs the relay loop over `chunks` (see the module docs).
+pub fn relay(
+    res: &mut AlgResourceResponse<'_>,
+    pipe: &Pipe,
+    chunks: &[(usize, usize)],
+    stage: &mut dyn Stage,
+) -> Result<()> {
+    let post = |res: &mut AlgResourceResponse<'_>, stage: &dyn Stage, c: usize| -> Result<()> {
+        let Some(from) = pipe.from else {
+            return Ok(());
+        };
+        let (off, len) = chunks[c];
+        if pipe.handshake {
+            res.tasks.tx_ack(MAIN, from)?;
+        }
+        res.tasks
+            .rx_async(MAIN, from, stage.at(off, pipe.slots.slot(c)), len)
+    };
+    if !chunks.is_empty() {
+        post(res, stage, 0)?;
+    }
+    for (c, &(off, len)) in chunks.iter().enumerate() {
+        if c + 1 < chunks.len() {
+            post(res, stage, c + 1)?;
+        }
+        if let Some(from) = pipe.from {
+            res.tasks.rx_wait_done(MAIN, from, len)?;
+        }
+        let at = stage.at(off, pipe.slots.slot(c));
+        let src = stage.arrived(res, off, len, at)?;
+        if let Some(to) = pipe.to {
+            if pipe.handshake {
+                res.tasks.rx_ack(MAIN, to)?;
+            }
+            res.tasks.tx_async(MAIN, to, src, len)?;
+        }
+        stage.forwarded(res, off, len, at)?;
+        if let Some(to) = pipe.to {
+            res.tasks.tx_wait_done(MAIN, to)?;
+        }
+    }
+    Ok(())
+}
+
+/// The stage of data that is passed on unchanged (Broadcast, Send, Recv): the head reads
+/// `UserIn`; other ranks receive into `UserOut` directly when the link writes user memory,
+/// else into the slot, and then copy it to `UserOut` (when `keep`).
+#[derive(Clone, Copy, Debug)]
+pub struct Deliver {
+    /// This rank reads the data from `UserIn` instead of receiving it.
+    pub head: bool,
+    /// Copy the data to `UserOut` (the head: unless in place, which the sink skips).
+    pub keep: bool,
+    /// Receive straight into `UserOut` (`res.user_mem_links`).
+    pub direct: bool,
+}
+
+impl Stage for Deliver {
+    fn at(&self, off: usize, slot: Mem) -> Mem {
+        if self.head {
+            Mem::of(BufKind::UserIn).add(off)
+        } else if self.direct && self.keep {
+            Mem::of(BufKind::UserOut).add(off)
+        } else {
+            slot
+        }
+    }
+
+    fn forwarded(
+        &mut self,
+        res: &mut AlgResourceResponse<'_>,
+        off: usize,
+        len: usize,
+        at: Mem,
+    ) -> Result<()> {
+        let out = Mem::of(BufKind::UserOut).add(off);
+        if self.keep && at != out {
+            res.tasks.copy(MAIN, out, at, len)?;
+        }
+        Ok(())
+    }
+}
+
+/// World 1 (and the like): `UserOut = UserIn` unless in place.
+pub fn copy_through(p: &OpParam, res: &mut AlgResourceResponse<'_>, bytes: usize) -> Result<()> {
+    if !p.in_place && bytes > 0 {
+        res.tasks.copy(
+            MAIN,
+            Mem::of(BufKind::UserOut),
+            Mem::of(BufKind::UserIn),
+            bytes,
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ampccl_runtime::{DataType, ReduceOp};
+
+    use crate::op::OpKind;
+
+    #[test]
+    fn chain_positions_and_chunks() {
+        let p = |rank, root| OpParam {
+            kind: OpKind::Broadcast,
+            count: 0,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+            root,
+            rank,
+            world: 4,
+            in_place: false,
+            seq: 0,
+        };
+        let c = Chain::new(&p(2, 3));
+        assert_eq!(c.pos, 3);
+        assert_eq!(c.from_root(), (Some(1), None));
+        assert_eq!(c.to_root(), (None, Some(1)));
+        let c = Chain::new(&p(3, 3));
+        assert_eq!(c.from_root(), (None, Some(0)));
+        assert_eq!(c.to_root(), (Some(0), None));
+        let s = Slots::new(1000, 8);
+        assert_eq!(s.bytes, 496);
+        assert_eq!(s.slot(3), Mem::of(BufKind::CclIn).add(496));
+        assert_eq!(s.chunks(0, true), vec![(0, 0)]);
+        assert!(s.chunks(0, false).is_empty());
+        assert_eq!(s.chunks(1000, false), vec![(0, 496), (496, 496), (992, 8)]);
+    }
+}
