@@ -21,6 +21,7 @@ pub mod registry;
 pub mod resource;
 mod sink;
 pub mod steps;
+pub mod verify;
 
 pub use ampccl_runtime::stream::{Event, Stream};
 pub use ampccl_runtime::{DataType, Element, Error, ReduceOp, Result};

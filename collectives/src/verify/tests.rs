@@ -1,0 +1,176 @@
+//! The verifier over every registered algorithm: world sizes 2..=8, counts 0, 1, 7, 1021 and
+//! one past the CCL buffer (chunking), f32 and u8, Sum and Avg (reducing kinds), in and out of
+//! place, with and without user-memory links, roots 0 and world-1 (Send/Recv: the pair
+//! 0 -> world-1 and back).
+//!
+//! Applicability rule: every entry runs on every configuration (`AMPCCL_ALGO_*` can force any
+//! algorithm), except that a configuration the operator would *not* select the entry for is
+//! skipped when verification fails only because the executor needs more CCL buffer than it
+//! has ([`VerifyError::exceeds_ccl`], e.g. `AllReduceOneShot` needs `count * elem * world`).
+//! A configuration the operator selects must always pass.
+
+use ampccl_runtime::{DataType, ReduceOp};
+
+use super::*;
+
+/// Small CCL buffers force chunking.
+const CCL: usize = 4096;
+
+fn counts(elem: usize) -> [usize; 5] {
+    [0, 1, 7, 1021, 3 * CCL / elem + 5]
+}
+
+/// The parameter matrix for `kind` on `world` ranks.
+fn params(kind: OpKind, world: usize) -> Vec<OpParam> {
+    let mut v = Vec::new();
+    let ops: &[ReduceOp] = if kind.reduces() {
+        &[ReduceOp::Sum, ReduceOp::Avg]
+    } else {
+        &[ReduceOp::Sum]
+    };
+    // (rank, root): rank matters only for Send (the sender) and Recv (the receiver).
+    let roots: Vec<(usize, usize)> = match kind {
+        OpKind::Send | OpKind::Recv => vec![(0, world - 1), (world - 1, 0)],
+        k if k.has_root() => vec![(0, 0), (0, world - 1)],
+        _ => vec![(0, 0)],
+    };
+    let in_place: &[bool] = match kind {
+        OpKind::Send | OpKind::Recv | OpKind::Barrier => &[false],
+        _ => &[false, true],
+    };
+    for dtype in [DataType::F32, DataType::U8] {
+        let cs: Vec<usize> = if kind == OpKind::Barrier {
+            vec![0]
+        } else {
+            counts(dtype.size()).to_vec()
+        };
+        for count in cs {
+            for &op in ops {
+                for &(rank, root) in &roots {
+                    for &in_place in in_place {
+                        v.push(OpParam {
+                            kind,
+                            count,
+                            dtype,
+                            op,
+                            root,
+                            rank,
+                            world,
+                            in_place: in_place && count > 0,
+                            seq: 0,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+/// Verifies every entry of `kind`; returns `(name, passed, skipped)` per entry.
+fn verify_kind(kind: OpKind) -> Vec<(&'static str, usize, usize)> {
+    let reg = Registry::builtin();
+    let mut out = Vec::new();
+    let mut failures = Vec::new();
+    for entry in reg.list().filter(|e| e.kind == kind) {
+        let (mut passed, mut skipped) = (0, 0);
+        for world in 2..=8 {
+            for p in params(kind, world) {
+                for user_mem_links in [false, true] {
+                    let cfg = VerifyConfig {
+                        ccl_size: CCL,
+                        user_mem_links,
+                        fifo_depth: 256,
+                    };
+                    match verify_entry(&reg, entry, &p, &cfg) {
+                        Ok(_) => passed += 1,
+                        Err(e) if !selected(entry, &p, &cfg) && e.exceeds_ccl() => skipped += 1,
+                        Err(e) => failures.push(format!(
+                            "{} on {} (world {world}, rank {}, in_place {}, uml {user_mem_links}): {e}",
+                            entry.name,
+                            p.describe(),
+                            p.rank,
+                            p.in_place
+                        )),
+                    }
+                }
+            }
+        }
+        out.push((entry.name, passed, skipped));
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures, first ones:\n{}",
+        failures.len(),
+        failures[..failures.len().min(10)].join("\n")
+    );
+    out
+}
+
+#[test]
+fn all_reduce_algorithms() {
+    let r = verify_kind(OpKind::AllReduce);
+    let get = |n| r.iter().find(|x| x.0 == n).copied().expect("registered");
+    let (_, ring_ok, ring_skip) = get("AllReduceRing");
+    assert!(ring_ok > 0 && ring_skip == 0, "{r:?}");
+    let (_, one_ok, one_skip) = get("AllReduceOneShot");
+    assert!(one_ok > 0 && one_skip > 0, "{r:?}");
+}
+
+#[test]
+fn all_gather_algorithms() {
+    verify_kind(OpKind::AllGather);
+}
+
+#[test]
+fn reduce_scatter_algorithms() {
+    verify_kind(OpKind::ReduceScatter);
+}
+
+#[test]
+fn broadcast_algorithms() {
+    verify_kind(OpKind::Broadcast);
+}
+
+#[test]
+fn reduce_algorithms() {
+    verify_kind(OpKind::Reduce);
+}
+
+#[test]
+fn all_to_all_algorithms() {
+    verify_kind(OpKind::AllToAll);
+}
+
+#[test]
+fn send_recv_algorithms() {
+    verify_kind(OpKind::Send);
+    verify_kind(OpKind::Recv);
+}
+
+#[test]
+fn barrier_algorithms() {
+    verify_kind(OpKind::Barrier);
+}
+
+#[test]
+fn operator_selection_is_verified() {
+    let reg = Registry::builtin();
+    for world in 2..=8 {
+        for p in params(OpKind::AllReduce, world) {
+            let cfg = VerifyConfig {
+                ccl_size: CCL,
+                ..Default::default()
+            };
+            let (name, report) = verify_registry(&reg, &p, &cfg).unwrap();
+            assert_eq!(name, selection(&p, &cfg));
+            assert_eq!(report.world, world);
+            if p.count > 0 {
+                assert!(
+                    report.transfers > 0 && report.bytes_moved > 0,
+                    "{name} {report:?}"
+                );
+            }
+        }
+    }
+}
