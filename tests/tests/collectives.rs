@@ -1,0 +1,314 @@
+//! Correctness of every collective across processes: each collective × every dtype × every
+//! reduce op (reducing collectives) × counts × in place / out of place, against a reference
+//! each rank computes locally (see `ampccl_tests::data`). One test per collective and world
+//! size; the big count runs for `f32` and `u8` with `Sum` only, to bound the time on 2 cores.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use ampccl::{Communicator, ReduceOp};
+use ampccl_tests::data::{TestElem, check, input, mix, reduced};
+use ampccl_tests::{Outcome, each_dtype, err, init_comm, launch, worker};
+
+/// Counts every dtype and op runs.
+const SMALL: [usize; 4] = [0, 1, 7, 1021];
+/// The big count (`f32` and `u8`, `Sum` only).
+const BIG: usize = (1 << 20) + 3;
+
+#[test]
+fn worker_entry() {
+    worker(|scenario| {
+        let comm = init_comm()?;
+        let c = &comm;
+        match scenario {
+            "allreduce" => each_dtype!(allreduce(c)),
+            "allgather" => each_dtype!(allgather(c)),
+            "reduce_scatter" => each_dtype!(reduce_scatter(c)),
+            "broadcast" => each_dtype!(broadcast(c)),
+            "reduce" => each_dtype!(reduce(c)),
+            "all_to_all" => each_dtype!(all_to_all(c)),
+            "sendrecv" => each_dtype!(sendrecv(c)),
+            "barrier" => barrier(c)?,
+            s => return Err(format!("unknown scenario {s:?}")),
+        }
+        comm.destroy().map_err(err("destroy"))
+    });
+}
+
+/// The `(count, op)` cases of `T` for a collective (`reduces`: every op, else `Sum` only).
+fn cases<T: TestElem>(reduces: bool) -> Vec<(usize, ReduceOp)> {
+    let ops: &[ReduceOp] = if reduces {
+        &ReduceOp::ALL
+    } else {
+        &[ReduceOp::Sum]
+    };
+    let mut v: Vec<(usize, ReduceOp)> = SMALL
+        .iter()
+        .flat_map(|&n| ops.iter().map(move |&op| (n, op)))
+        .collect();
+    if matches!(T::NAME, "f32" | "u8") {
+        v.push((BIG, ReduceOp::Sum));
+    }
+    v
+}
+
+/// Separates the data of different cases (stale data from an earlier case cannot pass).
+fn salt(kind: u64, count: usize, in_place: bool, root: usize) -> u64 {
+    mix(kind, count as u64, ((root as u64) << 1) | in_place as u64)
+}
+
+fn what<T: TestElem>(
+    c: &Communicator,
+    name: &str,
+    op: ReduceOp,
+    count: usize,
+    in_place: bool,
+) -> String {
+    format!(
+        "{name} {} {op:?} count {count} {} on rank {}/{}",
+        T::NAME,
+        if in_place { "in place" } else { "out of place" },
+        c.rank(),
+        c.world()
+    )
+}
+
+fn allreduce<T: TestElem>(c: &Communicator) -> Outcome {
+    let (rank, world) = (c.rank(), c.world());
+    for (n, op) in cases::<T>(true) {
+        for in_place in [false, true] {
+            let s = salt(1, n, in_place, 0);
+            let w = what::<T>(c, "allreduce", op, n, in_place);
+            let want = reduced::<T>(world, n, op, s);
+            let mine = input::<T>(rank, n, op, s);
+            if in_place {
+                let mut buf = mine;
+                c.all_reduce_in_place(&mut buf, op).map_err(err(&w))?;
+                check(&w, op, &buf, &want)?;
+            } else {
+                let mut recv = vec![T::poison(); n];
+                c.all_reduce(&mine, &mut recv, op).map_err(err(&w))?;
+                check(&w, op, &recv, &want)?;
+                check(
+                    &format!("{w} (send unchanged)"),
+                    op,
+                    &mine,
+                    &input(rank, n, op, s),
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn allgather<T: TestElem>(c: &Communicator) -> Outcome {
+    let (rank, world) = (c.rank(), c.world());
+    for (n, op) in cases::<T>(false) {
+        for in_place in [false, true] {
+            let s = salt(2, n, in_place, 0);
+            let w = what::<T>(c, "allgather", op, n, in_place);
+            let want: Vec<T> = (0..world).flat_map(|r| input::<T>(r, n, op, s)).collect();
+            let mine = input::<T>(rank, n, op, s);
+            let mut out = vec![T::poison(); n * world];
+            if in_place {
+                out[rank * n..][..n].copy_from_slice(&mine);
+                c.all_gather_in_place(&mut out).map_err(err(&w))?;
+            } else {
+                c.all_gather(&mine, &mut out).map_err(err(&w))?;
+            }
+            check(&w, op, &out, &want)?;
+        }
+    }
+    Ok(())
+}
+
+fn reduce_scatter<T: TestElem>(c: &Communicator) -> Outcome {
+    let (rank, world) = (c.rank(), c.world());
+    for (n, op) in cases::<T>(true) {
+        for in_place in [false, true] {
+            let s = salt(3, n, in_place, 0);
+            let w = what::<T>(c, "reduce_scatter", op, n, in_place);
+            let all = reduced::<T>(world, n * world, op, s);
+            let want = &all[rank * n..][..n];
+            let mut mine = input::<T>(rank, n * world, op, s);
+            if in_place {
+                c.reduce_scatter_in_place(&mut mine, op).map_err(err(&w))?;
+                check(&w, op, &mine[rank * n..][..n], want)?;
+            } else {
+                let mut recv = vec![T::poison(); n];
+                c.reduce_scatter(&mine, &mut recv, op).map_err(err(&w))?;
+                check(&w, op, &recv, want)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn broadcast<T: TestElem>(c: &Communicator) -> Outcome {
+    let (rank, world) = (c.rank(), c.world());
+    for root in 0..world {
+        for (n, op) in cases::<T>(false) {
+            for in_place in [false, true] {
+                let s = salt(4, n, in_place, root);
+                let w = format!("{} root {root}", what::<T>(c, "broadcast", op, n, in_place));
+                let want = input::<T>(root, n, op, s);
+                let mut out = vec![T::poison(); n];
+                if in_place {
+                    if rank == root {
+                        out.copy_from_slice(&want);
+                    }
+                    c.broadcast(&mut out, root).map_err(err(&w))?;
+                } else {
+                    // Non-roots pass no send buffer at all.
+                    let send = if rank == root {
+                        want.clone()
+                    } else {
+                        Vec::new()
+                    };
+                    c.broadcast_from(&send, &mut out, root).map_err(err(&w))?;
+                }
+                check(&w, op, &out, &want)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn reduce<T: TestElem>(c: &Communicator) -> Outcome {
+    let (rank, world) = (c.rank(), c.world());
+    for root in 0..world {
+        for (n, op) in cases::<T>(true) {
+            for in_place in [false, true] {
+                let s = salt(5, n, in_place, root);
+                let w = format!("{} root {root}", what::<T>(c, "reduce", op, n, in_place));
+                let mine = input::<T>(rank, n, op, s);
+                if in_place {
+                    let mut buf = mine.clone();
+                    c.reduce_in_place(&mut buf, op, root).map_err(err(&w))?;
+                    if rank == root {
+                        check(&w, op, &buf, &reduced::<T>(world, n, op, s))?;
+                    } else {
+                        check(&format!("{w} (non-root unchanged)"), op, &buf, &mine)?;
+                    }
+                } else {
+                    // Non-roots pass no receive buffer at all.
+                    let mut recv = if rank == root {
+                        vec![T::poison(); n]
+                    } else {
+                        Vec::new()
+                    };
+                    c.reduce(&mine, &mut recv, op, root).map_err(err(&w))?;
+                    if rank == root {
+                        check(&w, op, &recv, &reduced::<T>(world, n, op, s))?;
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn all_to_all<T: TestElem>(c: &Communicator) -> Outcome {
+    let (rank, world) = (c.rank(), c.world());
+    for (n, op) in cases::<T>(false) {
+        let s = salt(6, n, false, 0);
+        let w = what::<T>(c, "all_to_all", op, n, false);
+        let send = input::<T>(rank, n * world, op, s);
+        let mut recv = vec![T::poison(); n * world];
+        c.all_to_all(&send, &mut recv).map_err(err(&w))?;
+        let want: Vec<T> = (0..world)
+            .flat_map(|j| input::<T>(j, n * world, op, s)[rank * n..][..n].to_vec())
+            .collect();
+        check(&w, op, &recv, &want)?;
+    }
+    Ok(())
+}
+
+/// A ring exchange in a group (every rank sends to the next and receives from the previous,
+/// itself when alone), then a blocking send/recv between ranks 0 and 1.
+fn sendrecv<T: TestElem>(c: &Communicator) -> Outcome {
+    let (rank, world) = (c.rank(), c.world());
+    let (next, prev) = ((rank + 1) % world, (rank + world - 1) % world);
+    for (n, op) in cases::<T>(false) {
+        let s = salt(7, n, false, 0);
+        let w = what::<T>(c, "group ring send/recv", op, n, false);
+        let send = input::<T>(rank, n, op, s);
+        let mut recv = vec![T::poison(); n];
+        c.group(|g| {
+            g.send(&send, next)?;
+            g.recv(&mut recv, prev)?;
+            Ok(())
+        })
+        .map_err(err(&w))?;
+        check(&w, op, &recv, &input::<T>(prev, n, op, s))?;
+
+        if world >= 2 && rank < 2 {
+            let w = what::<T>(c, "blocking send/recv 0<->1", op, n, false);
+            let peer = 1 - rank;
+            let s2 = s ^ 0xb10c;
+            let mine = input::<T>(rank, n, op, s2);
+            let mut got = vec![T::poison(); n];
+            if rank == 0 {
+                c.send(&mine, peer).map_err(err(&w))?;
+                c.recv(&mut got, peer).map_err(err(&w))?;
+            } else {
+                c.recv(&mut got, peer).map_err(err(&w))?;
+                c.send(&mine, peer).map_err(err(&w))?;
+            }
+            check(&w, op, &got, &input::<T>(peer, n, op, s2))?;
+        }
+    }
+    Ok(())
+}
+
+fn now_ns() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+/// Ranks enter the barrier at staggered times; nobody may leave before the last one entered
+/// (the clock is shared: every rank runs on this host).
+fn barrier(c: &Communicator) -> Outcome {
+    for round in 0..5u64 {
+        std::thread::sleep(std::time::Duration::from_millis(
+            10 * ((c.rank() as u64 + round) % c.world() as u64),
+        ));
+        let entered = now_ns();
+        c.barrier().map_err(err("barrier"))?;
+        let left = now_ns();
+        let mut last_entry = [entered];
+        c.all_reduce_in_place(&mut last_entry, ReduceOp::Max)
+            .map_err(err("allreduce of entry times"))?;
+        if left < last_entry[0] {
+            return Err(format!(
+                "round {round}: rank {} left the barrier {} ns before the last rank entered",
+                c.rank(),
+                last_entry[0] - left
+            ));
+        }
+    }
+    for _ in 0..50 {
+        c.barrier().map_err(err("back-to-back barrier"))?;
+    }
+    Ok(())
+}
+
+macro_rules! world_tests {
+    ($scenario:literal: $($name:ident = $w:literal),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            launch($w, $scenario, &[]);
+        }
+    )*};
+}
+
+world_tests!("allreduce": allreduce_w1 = 1, allreduce_w2 = 2, allreduce_w3 = 3, allreduce_w4 = 4);
+world_tests!("allgather": allgather_w1 = 1, allgather_w2 = 2, allgather_w3 = 3, allgather_w4 = 4);
+world_tests!("reduce_scatter":
+    reduce_scatter_w1 = 1, reduce_scatter_w2 = 2, reduce_scatter_w3 = 3, reduce_scatter_w4 = 4);
+world_tests!("broadcast": broadcast_w1 = 1, broadcast_w2 = 2, broadcast_w3 = 3, broadcast_w4 = 4);
+world_tests!("reduce": reduce_w1 = 1, reduce_w2 = 2, reduce_w3 = 3, reduce_w4 = 4);
+world_tests!("all_to_all": all_to_all_w1 = 1, all_to_all_w2 = 2, all_to_all_w3 = 3, all_to_all_w4 = 4);
+world_tests!("sendrecv": sendrecv_w1 = 1, sendrecv_w2 = 2, sendrecv_w3 = 3, sendrecv_w4 = 4);
+world_tests!("barrier": barrier_w1 = 1, barrier_w2 = 2, barrier_w3 = 3, barrier_w4 = 4);

@@ -1,0 +1,393 @@
+//! Failure handling across processes: bad arguments, mismatched calls, dead, missing, stuck
+//! and aborting peers. Every scenario must end in seconds with the documented error class.
+
+use std::time::{Duration, Instant};
+
+use ampccl::{Communicator, Error, ReduceOp};
+use ampccl_tests::{
+    Launch, Outcome, RankResult, describe, ensure, err, init_comm, rank_world, shm_segments_of,
+    worker,
+};
+
+/// How long a failure may take to surface once its cause happened.
+const PROMPT: Duration = Duration::from_secs(5);
+
+#[test]
+fn worker_entry() {
+    worker(|scenario| match scenario {
+        "bad_arguments" => bad_arguments(),
+        "send_to_self" => send_to_self(),
+        "mismatch_count" => mismatch(|c| {
+            let n = 100 + c.rank();
+            c.all_reduce(&vec![1f32; n], &mut vec![0f32; n], ReduceOp::Sum)
+        }),
+        "mismatch_kind" => mismatch(|c| {
+            let send = vec![1f32; 100];
+            if c.rank() == 0 {
+                c.all_reduce(&send, &mut vec![0f32; 100], ReduceOp::Sum)
+            } else {
+                c.all_gather(&send, &mut vec![0f32; 100 * c.world()])
+            }
+        }),
+        "mismatch_dtype" => mismatch(|c| {
+            if c.rank() == 0 {
+                c.all_reduce(&[1f32; 100], &mut [0f32; 100], ReduceOp::Sum)
+            } else {
+                c.all_reduce(&[1i32; 100], &mut [0i32; 100], ReduceOp::Sum)
+            }
+        }),
+        "mismatch_op" => mismatch(|c| {
+            let op = [ReduceOp::Sum, ReduceOp::Max][c.rank() % 2];
+            c.all_reduce(&[1f32; 100], &mut [0f32; 100], op)
+        }),
+        "killed_rank_abort" => killed_rank(true),
+        "killed_rank_sigkill" => killed_rank(false),
+        "missing_peer" => missing_peer(),
+        "stuck_peer" => stuck_peer(),
+        "abort" => abort(),
+        s => Err(format!("unknown scenario {s:?}")),
+    });
+}
+
+/// Fails unless `r` is an error accepted by `ok`.
+fn expect_err<T>(what: &str, r: ampccl::Result<T>, ok: impl Fn(&Error) -> bool) -> Outcome {
+    match r {
+        Ok(_) => Err(format!("{what}: succeeded, expected an error")),
+        Err(e) if ok(&e) => {
+            eprintln!("{what}: {e}");
+            Ok(())
+        }
+        Err(e) => Err(format!("{what}: wrong error {e:?}")),
+    }
+}
+
+fn invalid_arg(e: &Error) -> bool {
+    matches!(e, Error::InvalidArgument(_))
+}
+
+/// Every bad call fails locally with `InvalidArgument`; the communicator stays usable (no rank
+/// communicated, so a correct collective still lines up afterwards).
+fn bad_arguments() -> Outcome {
+    let c = init_comm()?;
+    let (rank, world) = (c.rank(), c.world());
+    let t = Instant::now();
+    let mut buf = vec![1f32; 8];
+    let mut short = vec![0f32; 7];
+    expect_err(
+        "allreduce, short output",
+        c.all_reduce(&buf, &mut short, ReduceOp::Sum),
+        invalid_arg,
+    )?;
+    expect_err(
+        "allgather, short output",
+        c.all_gather(&buf, &mut vec![0f32; 8 * world - 1]),
+        invalid_arg,
+    )?;
+    expect_err(
+        "reduce_scatter, short input",
+        c.reduce_scatter(&vec![0f32; 8 * world - 1], &mut buf, ReduceOp::Sum),
+        invalid_arg,
+    )?;
+    expect_err(
+        "broadcast, root = world",
+        c.broadcast(&mut buf, world),
+        invalid_arg,
+    )?;
+    expect_err(
+        "reduce, root = world",
+        c.reduce_in_place(&mut buf, ReduceOp::Sum, world),
+        invalid_arg,
+    )?;
+    expect_err("send, peer = world", c.send(&buf, world), invalid_arg)?;
+    expect_err("recv, peer = world", c.recv(&mut buf, world), invalid_arg)?;
+    expect_err(
+        "group send, peer = world",
+        c.group(|g| g.send(&buf, world + 3)),
+        invalid_arg,
+    )?;
+    if world > 1 {
+        let mut odd = vec![0f32; world + 1];
+        expect_err(
+            "reduce_scatter_in_place, length not divisible by world",
+            c.reduce_scatter_in_place(&mut odd, ReduceOp::Sum),
+            invalid_arg,
+        )?;
+        expect_err(
+            "all_gather_in_place, length not divisible by world",
+            c.all_gather_in_place(&mut odd),
+            invalid_arg,
+        )?;
+        expect_err(
+            "all_to_all, length not divisible by world",
+            c.all_to_all(&odd.clone(), &mut odd),
+            invalid_arg,
+        )?;
+    }
+    ensure(t.elapsed() < Duration::from_secs(1), || {
+        format!("the argument checks took {:?}", t.elapsed())
+    })?;
+    let mut x = [rank as f32 + 1.0];
+    c.all_reduce_in_place(&mut x, ReduceOp::Sum)
+        .map_err(err("allreduce after the bad calls"))?;
+    let want = (world * (world + 1) / 2) as f32;
+    ensure(x[0] == want, || {
+        format!("allreduce gave {} not {want}", x[0])
+    })
+}
+
+/// A send to this rank outside a group is refused locally and leaves the communicator usable.
+fn send_to_self() -> Outcome {
+    let c = init_comm()?;
+    expect_err("send to self", c.send(&[1f32; 4], c.rank()), invalid_arg)?;
+    let mut x = [1u32];
+    c.all_reduce_in_place(&mut x, ReduceOp::Sum)
+        .map_err(err("allreduce after the refused send"))?;
+    ensure(x[0] == c.world() as u32, || {
+        format!("allreduce gave {}", x[0])
+    })
+}
+
+/// Both ranks must fail promptly with `InvalidUsage` or `Remote` (not hang into a timeout).
+fn mismatch(call: impl Fn(&Communicator) -> ampccl::Result<()>) -> Outcome {
+    let c = init_comm()?;
+    // Line the ranks up so the measured time is the mismatch's alone.
+    c.all_reduce_in_place(&mut [0u8; 1], ReduceOp::Sum)
+        .map_err(err("warm-up allreduce"))?;
+    let t = Instant::now();
+    expect_err("mismatched call", call(&c), |e| {
+        matches!(e, Error::InvalidUsage(_) | Error::Remote(_))
+    })?;
+    ensure(t.elapsed() < PROMPT, || {
+        format!("the mismatch took {:?} to surface", t.elapsed())
+    })
+}
+
+/// Rank 1 dies while rank 0 loops over big allreduces: rank 0's pending call must fail with
+/// `Remote` naming rank 1, promptly. `self_abort`: rank 1 calls `process::abort()` after a few
+/// iterations; otherwise it loops until the launcher SIGKILLs it.
+fn killed_rank(self_abort: bool) -> Outcome {
+    let c = init_comm()?;
+    let mut buf = vec![1f32; 1 << 20];
+    let start = Instant::now();
+    for i in 0.. {
+        if c.rank() == 1 && self_abort && i == 3 {
+            std::process::abort();
+        }
+        let t = Instant::now();
+        let r = c.all_reduce_in_place(&mut buf, ReduceOp::Max);
+        if c.rank() == 1 {
+            r.map_err(err("rank 1 allreduce before dying"))?;
+            continue;
+        }
+        match r {
+            Ok(()) if start.elapsed() > Duration::from_secs(30) => {
+                return Err(format!("still running after {i} iterations"));
+            }
+            Ok(()) => {}
+            Err(Error::Remote(m)) if m.contains("rank 1") => {
+                eprintln!("iteration {i}: Remote({m}) after {:?}", t.elapsed());
+                return ensure(t.elapsed() < PROMPT, || {
+                    format!("the failing call took {:?}", t.elapsed())
+                });
+            }
+            Err(e) => {
+                return Err(format!(
+                    "iteration {i}: expected Remote naming rank 1: {e:?}"
+                ));
+            }
+        }
+    }
+    unreachable!()
+}
+
+/// World 2 with only rank 0 launched and `AMPCCL_TIMEOUT_S=2`: init times out.
+fn missing_peer() -> Outcome {
+    let t = Instant::now();
+    let r = init_comm_raw();
+    let el = t.elapsed();
+    expect_err("init without rank 1", r, |e| matches!(e, Error::Timeout(_)))?;
+    ensure(el < PROMPT, || format!("init took {el:?} to time out"))
+}
+
+fn init_comm_raw() -> ampccl::Result<Communicator> {
+    let (rank, world) = rank_world();
+    let id = ampccl::UniqueId::from_hex(&std::env::var("AMPCCL_UNIQUE_ID").unwrap_or_default())?;
+    Communicator::init(&id, rank, world)
+}
+
+/// Rank 1 joins but never calls the collective (`AMPCCL_TIMEOUT_S=2`): rank 0 times out.
+fn stuck_peer() -> Outcome {
+    let c = init_comm()?;
+    if c.rank() == 1 {
+        std::thread::sleep(Duration::from_secs(6));
+        return Ok(());
+    }
+    let t = Instant::now();
+    let r = c.all_reduce(&[1f32; 1024], &mut [0f32; 1024], ReduceOp::Sum);
+    let el = t.elapsed();
+    expect_err("allreduce with a stuck peer", r, |e| {
+        matches!(e, Error::Timeout(_))
+    })?;
+    ensure(el >= Duration::from_millis(1500) && el < PROMPT, || {
+        format!("timed out after {el:?} (AMPCCL_TIMEOUT_S=2)")
+    })
+}
+
+/// Rank 0 aborts while rank 1 waits in an allreduce: rank 1 fails with `Remote` promptly, and
+/// rank 0's later calls fail (`Aborted`).
+fn abort() -> Outcome {
+    let c = init_comm()?;
+    c.all_reduce_in_place(&mut [0u8; 1], ReduceOp::Sum)
+        .map_err(err("warm-up allreduce"))?;
+    if c.rank() == 0 {
+        std::thread::sleep(Duration::from_millis(500));
+        c.abort();
+        expect_err(
+            "allreduce after abort",
+            c.all_reduce_in_place(&mut [1f32; 16], ReduceOp::Sum),
+            |e| matches!(e, Error::Aborted(_) | Error::InvalidUsage(_)),
+        )?;
+        // Keep the process alive until rank 1 saw the abort (it is not a crash).
+        std::thread::sleep(Duration::from_secs(2));
+        return Ok(());
+    }
+    let t = Instant::now();
+    let r = c.all_reduce_in_place(&mut [1f32; 1 << 16], ReduceOp::Sum);
+    let el = t.elapsed();
+    expect_err("allreduce while rank 0 aborts", r, |e| {
+        matches!(e, Error::Remote(_))
+    })?;
+    ensure(el < PROMPT, || format!("the abort took {el:?} to surface"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Launchers
+// ---------------------------------------------------------------------------------------------
+
+fn quick(world: usize, scenario: &str) -> Vec<RankResult> {
+    Launch::new(world, scenario)
+        .env("AMPCCL_TIMEOUT_S", "30")
+        .deadline(Duration::from_secs(60))
+        .run()
+}
+
+#[test]
+fn bad_arguments_w1() {
+    quick(1, "bad_arguments");
+}
+
+#[test]
+fn bad_arguments_w2() {
+    quick(2, "bad_arguments");
+}
+
+#[test]
+fn bad_arguments_w3() {
+    quick(3, "bad_arguments");
+}
+
+#[test]
+fn send_to_self_w2() {
+    quick(2, "send_to_self");
+}
+
+#[test]
+fn mismatch_count_w2() {
+    quick(2, "mismatch_count");
+}
+
+#[test]
+fn mismatch_kind_w2() {
+    quick(2, "mismatch_kind");
+}
+
+#[test]
+fn mismatch_dtype_w2() {
+    quick(2, "mismatch_dtype");
+}
+
+#[test]
+fn mismatch_op_w2() {
+    quick(2, "mismatch_op");
+}
+
+/// No `ampccl.<pid>.*` segment of any rank may outlive it.
+fn assert_no_shm_left(results: &[RankResult]) {
+    for r in results {
+        let left = shm_segments_of(r.pid);
+        assert!(
+            left.is_empty(),
+            "rank {} (pid {}) left shared memory behind: {left:?}",
+            r.rank,
+            r.pid
+        );
+    }
+}
+
+fn assert_died(results: &[RankResult], rank: usize, signal: i32) {
+    use std::os::unix::process::ExitStatusExt;
+    let r = &results[rank];
+    assert_eq!(
+        r.status.signal(),
+        Some(signal),
+        "rank {rank} was expected to die of signal {signal}: {}\n{}",
+        describe(&r.status),
+        r.stderr_tail(20)
+    );
+}
+
+#[test]
+fn killed_rank_abort_w2() {
+    let res = Launch::new(2, "killed_rank_abort")
+        .may_die(1)
+        .deadline(Duration::from_secs(60))
+        .run();
+    assert_died(&res, 1, libc::SIGABRT);
+    assert_no_shm_left(&res);
+}
+
+#[test]
+fn killed_rank_sigkill_w2() {
+    let res = Launch::new(2, "killed_rank_sigkill")
+        .kill_after(1, Duration::from_secs(3))
+        .deadline(Duration::from_secs(60))
+        .run();
+    assert_died(&res, 1, libc::SIGKILL);
+    assert_no_shm_left(&res);
+}
+
+/// As `killed_rank_abort_w2`, but the launcher reaps in rank order (blocked on rank 0), so the
+/// dead rank 1 stays a zombie while rank 0 waits for it. Rank 0 must still see it die promptly.
+#[test]
+fn killed_rank_unreaped_w2() {
+    let res = Launch::new(2, "killed_rank_abort")
+        .may_die(1)
+        .reap_in_order()
+        .env("AMPCCL_TIMEOUT_S", "10")
+        .deadline(Duration::from_secs(60))
+        .run();
+    assert_died(&res, 1, libc::SIGABRT);
+    assert_no_shm_left(&res);
+}
+
+#[test]
+fn missing_peer_w2() {
+    Launch::new(2, "missing_peer")
+        .only_ranks(&[0])
+        .env("AMPCCL_TIMEOUT_S", "2")
+        .deadline(Duration::from_secs(20))
+        .run();
+}
+
+#[test]
+fn stuck_peer_w2() {
+    Launch::new(2, "stuck_peer")
+        .env("AMPCCL_TIMEOUT_S", "2")
+        .deadline(Duration::from_secs(30))
+        .run();
+}
+
+#[test]
+fn abort_w2() {
+    quick(2, "abort");
+}
