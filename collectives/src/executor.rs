@@ -12,7 +12,10 @@ use crate::resource::{AlgResourceRequest, AlgResourceResponse};
 /// [`Registry::register`](crate::registry::Registry::register) to run your own algorithm; see
 /// `examples/custom_executor.rs`.
 pub trait Executor: Send + Sync {
-    /// Resources for `param` (cached by the framework under the operator's `new_tag`).
+    /// Resources for `param`. The framework caches the result under the operator's
+    /// `(algorithm, new_tag)` and does not ask again, so the request may depend only on what
+    /// the `new_tag` encodes (an operator whose executor needs size-dependent scratch puts the
+    /// size class into the tag).
     fn calc_res_request(&self, param: &OpParam) -> AlgResourceRequest;
     /// Submits the operation's tasks.
     fn orchestrate(&self, param: &OpParam, res: &mut AlgResourceResponse<'_>) -> Result<()>;

@@ -38,8 +38,10 @@ impl Queued {
     /// Called after a `Pending` poll: fails the task when it has waited longer than `timeout`
     /// or when its peer is known dead.
     fn check_stuck(&mut self, timeout: Duration) -> Result<()> {
-        self.polls = self.polls.wrapping_add(1);
-        if self.polls > 64 && self.polls & 15 != 0 && self.polls < 4096 {
+        // The first polls of a wait are hot (spinning): look at the clock only every 16th.
+        // Later ones come after yields or sleeps, and the clock is cheap next to those.
+        self.polls = self.polls.saturating_add(1);
+        if self.polls < 256 && self.polls & 15 != 1 {
             return Ok(());
         }
         let now = Instant::now();

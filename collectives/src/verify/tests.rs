@@ -7,7 +7,8 @@
 //! algorithm), except that a configuration the operator would *not* select the entry for is
 //! skipped when verification fails only because the executor needs more CCL buffer than it
 //! has ([`VerifyError::exceeds_ccl`], e.g. `AllReduceOneShot` needs `count * elem * world`).
-//! A configuration the operator selects must always pass.
+//! A configuration the operator selects must always pass; one its `validate` refuses (in-place
+//! AllToAll on several ranks) is not generated.
 
 use ampccl_runtime::{DataType, ReduceOp};
 
@@ -48,7 +49,7 @@ fn params(kind: OpKind, world: usize) -> Vec<OpParam> {
             for &op in ops {
                 for &(rank, root) in &roots {
                     for &in_place in in_place {
-                        v.push(OpParam {
+                        let p = OpParam {
                             kind,
                             count,
                             dtype,
@@ -58,7 +59,11 @@ fn params(kind: OpKind, world: usize) -> Vec<OpParam> {
                             world,
                             in_place: in_place && count > 0,
                             seq: 0,
-                        });
+                        };
+                        // Calls the operator refuses never reach an executor.
+                        if crate::operator::for_kind(kind).validate(&p).is_ok() {
+                            v.push(p);
+                        }
                     }
                 }
             }

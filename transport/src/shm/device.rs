@@ -234,16 +234,13 @@ impl RmaDevice for ShmDevice {
 
     fn peer_health(&self, peer: usize) -> Result<()> {
         self.check_peers_failed()?;
-        let pid = self.pids[peer];
-        match rustix::process::Pid::from_raw(pid as i32) {
-            Some(p) if rustix::process::test_kill_process(p).is_err() => {
-                Err(Error::Remote(format!(
-                    "{} is dead (its process no longer exists)",
-                    self.peer_desc(peer)
-                )))
-            }
-            _ => Ok(()),
+        if !process_alive(self.pids[peer]) {
+            return Err(Error::Remote(format!(
+                "{} is dead (its process exited or was killed)",
+                self.peer_desc(peer)
+            )));
         }
+        Ok(())
     }
 
     fn peer_desc(&self, peer: usize) -> String {
@@ -252,5 +249,42 @@ impl RmaDevice for ShmDevice {
 
     fn peer_op(&self, peer: usize) -> Option<String> {
         self.views[peer].get_text(H_OP)
+    }
+}
+
+/// Whether process `pid` exists and has not exited. A zombie (exited, not yet reaped by its
+/// parent) still answers `kill(pid, 0)`, so `/proc/<pid>/stat` is consulted too.
+fn process_alive(pid: u32) -> bool {
+    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
+        return true;
+    };
+    if rustix::process::test_kill_process(p).is_err() {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name, which may itself contain ')'.
+        Ok(stat) => !matches!(
+            stat.rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next()),
+            Some("Z" | "X")
+        ),
+        Err(_) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::process_alive;
+
+    #[test]
+    fn zombies_and_dead_processes_are_not_alive() {
+        assert!(process_alive(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // Exited but not reaped yet: a zombie.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(!process_alive(pid));
+        child.wait().unwrap();
+        assert!(!process_alive(pid));
     }
 }
