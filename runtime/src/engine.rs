@@ -9,7 +9,7 @@
 
 use std::task::Waker;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::doorbell::Doorbell;
 use crate::error::{Error, Result};
@@ -19,9 +19,12 @@ use std::sync::Arc;
 
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, spin_hint};
 
-/// Idle polls spent spinning, then yielding, before a driver sleeps on the doorbell.
-const SPIN_POLLS: u32 = 100;
-const YIELD_POLLS: u32 = 200;
+/// How long an idle driver spins, then yields its core, before it sleeps on the doorbell.
+/// Sleeping costs a futex wake-up (tens of µs) on the next message, so ranks that wait for each
+/// other in lock step must not fall asleep between operations; yielding keeps an
+/// oversubscribed machine (more ranks than cores) usable meanwhile.
+const SPIN: Duration = Duration::from_micros(20);
+const YIELD: Duration = Duration::from_millis(2);
 /// Longest sleep of an idle driver (bounds how late timeouts and health checks run).
 const MAX_SLEEP: Duration = Duration::from_millis(20);
 
@@ -179,7 +182,7 @@ impl EngineInner {
 
     pub(crate) fn wait_until<T>(&self, mut done: impl FnMut() -> Option<T>) -> T {
         self.waiters.fetch_add(1, Ordering::AcqRel);
-        let mut idle = 0u32;
+        let (mut since, mut naps) = (Instant::now(), 0u32);
         let out = loop {
             let seen = self.bell.seq();
             let progressed = self.try_progress();
@@ -187,24 +190,26 @@ impl EngineInner {
                 break r;
             }
             if progressed {
-                idle = 0;
+                (since, naps) = (Instant::now(), 0);
             } else {
-                idle = idle.saturating_add(1);
-                self.idle(idle, seen);
+                self.idle(since, &mut naps, seen);
             }
         };
         self.waiters.fetch_sub(1, Ordering::AcqRel);
         out
     }
 
-    /// Back-off of an idle driver: spin, then yield, then sleep until rung.
-    fn idle(&self, idle: u32, seen: u32) {
-        if idle < SPIN_POLLS {
+    /// Back-off of an idle driver that has found nothing to do since `since`: spin, then
+    /// yield, then sleep until rung (`naps` counts the sleeps, each up to twice as long).
+    fn idle(&self, since: Instant, naps: &mut u32, seen: u32) {
+        let idle = since.elapsed();
+        if idle < SPIN {
             spin_hint();
-        } else if idle < YIELD_POLLS {
+        } else if idle < YIELD {
             crate::sync::thread::yield_now();
         } else {
-            let ms = 1u64 << ((idle - YIELD_POLLS).min(5));
+            let ms = 1u64 << (*naps).min(5);
+            *naps += 1;
             self.bell
                 .sleep(seen, Duration::from_millis(ms).min(MAX_SLEEP));
         }
@@ -245,7 +250,7 @@ impl EngineInner {
 
     #[cfg(not(ampccl_loom))]
     fn background_loop(self: Arc<Self>) {
-        let mut idle = 0u32;
+        let (mut since, mut naps) = (Instant::now(), 0u32);
         while !self.stop.load(Ordering::Acquire) {
             let seen = self.bell.seq();
             let work =
@@ -255,10 +260,9 @@ impl EngineInner {
                 continue;
             }
             if self.try_progress() {
-                idle = 0;
+                (since, naps) = (Instant::now(), 0);
             } else {
-                idle = idle.saturating_add(1);
-                self.idle(idle, seen);
+                self.idle(since, &mut naps, seen);
             }
         }
     }

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Side-by-side allreduce sweep: ampccl-perf vs Intel MPI's IMB-MPI1, alternated in one run.
+
+Runs both ROUNDS times (A, B, A, B, ...), 2 ranks (or NRANKS), f32 sum, 8 B .. 64 MiB, and
+prints a markdown table of the medians: time (us) and algbw (GB/s) of each, and the ratio.
+Needs ../shared/peers/install.sh (Intel MPI under $PEERS_HOME, default ~/.cache/ampccl-peers)
+and a release build of ampccl-perf.
+
+    python3 benches/scripts/compare_impi.py [--rounds 5] [--ranks 2]
+"""
+import argparse, os, statistics, subprocess, sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_ampccl(ranks):
+    exe = os.path.join(ROOT, "target", "release", "ampccl-perf")
+    out = subprocess.run([exe, "-g", str(ranks), "-b", "8", "-e", "64M", "-f", "2", "-n", "40", "-w", "10"],
+                         check=True, capture_output=True, text=True).stdout
+    res = {}
+    for line in out.splitlines():
+        f = line.split()
+        if f and not line.startswith("#") and len(f) >= 13:
+            res[int(f[0])] = float(f[5])  # out-of-place time (us), as IMB measures
+    return res
+
+
+def run_impi(ranks):
+    peers = os.environ.get("PEERS_HOME", os.path.expanduser("~/.cache/ampccl-peers"))
+    impi = os.path.join(peers, "impi")
+    env = dict(os.environ, PATH=f"{impi}/bin:" + os.environ["PATH"], LD_LIBRARY_PATH=f"{impi}/lib", I_MPI_ROOT=impi)
+    out = subprocess.run(["mpirun", "-n", str(ranks), "IMB-MPI1", "Allreduce", "-msglog", "3:26", "-iter", "200", "-time", "20"],
+                         check=True, capture_output=True, text=True, env=env).stdout
+    res = {}
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 5 and f[0].isdigit() and int(f[0]) > 0:
+            res[int(f[0])] = float(f[4])  # t_avg (us)
+    return res
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--ranks", type=int, default=2)
+    a = ap.parse_args()
+    amp, imp = [], []
+    for i in range(a.rounds):
+        print(f"round {i + 1}/{a.rounds}", file=sys.stderr)
+        amp.append(run_ampccl(a.ranks))
+        imp.append(run_impi(a.ranks))
+    sizes = sorted(set(amp[0]) & set(imp[0]))
+    print(f"{a.ranks} ranks, f32 sum allreduce, medians of {a.rounds} alternated runs\n")
+    print("| bytes | ampccl (us) | Intel MPI (us) | ampccl algbw (GB/s) | Intel MPI algbw (GB/s) | ampccl / Intel MPI speed |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for s in sizes:
+        ta = statistics.median(r[s] for r in amp)
+        ti = statistics.median(r[s] for r in imp)
+        print(f"| {s} | {ta:.2f} | {ti:.2f} | {s / ta / 1e3:.2f} | {s / ti / 1e3:.2f} | {ti / ta:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
