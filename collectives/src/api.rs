@@ -53,29 +53,82 @@ unsafe impl<T: Element> StableBuf for Box<[T]> {
     }
 }
 
-fn region_of<T>(ptr: *const T, len: usize) -> Region {
+fn rd<T>(s: &[T]) -> Region {
     Region {
-        ptr: ptr as *mut u8,
-        len: len * size_of::<T>(),
+        ptr: s.as_ptr() as *mut u8,
+        len: size_of_val(s),
     }
 }
 
-/// Builds and checks a call (shared by the typed API and the C ABI).
+fn wr<T>(s: &mut [T]) -> Region {
+    Region {
+        ptr: s.as_mut_ptr().cast(),
+        len: size_of_val(s),
+    }
+}
+
+fn owned<B: StableBuf>(b: &mut B) -> Region {
+    Region {
+        ptr: b.as_mut_ptr().cast(),
+        len: b.len() * size_of::<B::Elem>(),
+    }
+}
+
+/// What an operation is, apart from its buffers (NCCL's count conventions, see [`OpParam`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpSpec {
+    pub kind: OpKind,
+    pub count: usize,
+    pub dtype: DataType,
+    /// Reduction (reducing kinds only).
+    pub op: ReduceOp,
+    /// Root (Broadcast, Reduce) or peer (Send, Recv).
+    pub root: usize,
+}
+
+impl OpSpec {
+    /// `kind` over `count` elements of `dtype`, reduction `Sum`, root 0.
+    pub fn new(kind: OpKind, count: usize, dtype: DataType) -> OpSpec {
+        OpSpec {
+            kind,
+            count,
+            dtype,
+            op: ReduceOp::Sum,
+            root: 0,
+        }
+    }
+    /// With reduction `op`.
+    pub fn op(self, op: ReduceOp) -> OpSpec {
+        OpSpec { op, ..self }
+    }
+    /// With root (or peer) `root`.
+    pub fn root(self, root: usize) -> OpSpec {
+        OpSpec { root, ..self }
+    }
+    fn of<T: Element>(kind: OpKind, count: usize) -> OpSpec {
+        OpSpec::new(kind, count, T::DTYPE)
+    }
+}
+
+/// Builds and checks a call (shared by the typed API and the raw one).
 ///
 /// `input`/`output` are byte regions; a region is in place when it starts at NCCL's in-place
 /// position inside the other (AllGather: `input == output + rank * count`; ReduceScatter:
 /// `output == input + rank * count`; others: equal). Any other overlap is refused.
 pub(crate) fn make_call(
     comm: &Communicator,
-    kind: OpKind,
-    count: usize,
-    dtype: DataType,
-    op: ReduceOp,
-    root: usize,
+    s: OpSpec,
     input: Region,
     output: Region,
 ) -> Result<Call> {
     let (rank, world) = (comm.rank(), comm.world());
+    let OpSpec {
+        kind,
+        count,
+        dtype,
+        op,
+        root,
+    } = s;
     let e = dtype.size();
     if kind.has_root() && root >= world {
         let what = if matches!(kind, OpKind::Send | OpKind::Recv) {
@@ -165,24 +218,49 @@ pub(crate) fn make_call(
     Ok(Call { p, input, output })
 }
 
+/// One operation with C-style buffers: element counts and raw pointers (for the C ABI).
+#[derive(Clone, Copy, Debug)]
+pub struct RawOp {
+    pub spec: OpSpec,
+    /// Input (may be null where the operation reads none, e.g. `Recv`, non-root `Broadcast`).
+    pub send: *const u8,
+    /// Output (may be null where the operation writes none, e.g. `Send`, non-root `Reduce`).
+    pub recv: *mut u8,
+}
+
 impl Communicator {
-    fn run(
-        &self,
-        kind: OpKind,
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        root: usize,
-        input: Region,
-        output: Region,
-    ) -> Result<()> {
-        let mut call = [make_call(
-            self, kind, count, dtype, op, root, input, output,
-        )?];
+    fn run(&self, spec: OpSpec, input: Region, output: Region) -> Result<()> {
+        let mut call = [make_call(self, spec, input, output)?];
         // SAFETY: the regions come from borrows that outlive the wait below; if the wait fails
         // the communicator aborts, which drops every queued task.
         let ev = unsafe { self.submit(self.default_stream(), &mut call)? };
         self.finish(ev.wait())
+    }
+
+    /// Enqueues `ops` (one operation, or several issued as a group) on `stream` and returns
+    /// their completion event, without waiting (the C ABI's entry point).
+    ///
+    /// # Safety
+    /// Each pointer must be valid for the operation's input (reads) or output (exclusive
+    /// writes) size, as NCCL's count conventions define it, until the event completes.
+    pub unsafe fn enqueue_raw(&self, stream: &Stream, ops: &[RawOp]) -> Result<Event> {
+        let unbounded = |ptr: *mut u8| Region {
+            ptr,
+            len: if ptr.is_null() { 0 } else { usize::MAX },
+        };
+        let mut calls = ops
+            .iter()
+            .map(|o| {
+                make_call(
+                    self,
+                    o.spec,
+                    unbounded(o.send as *mut u8),
+                    unbounded(o.recv),
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.submit(stream, &mut calls) }
     }
 
     /// Marks the communicator failed when an operation failed while running.
@@ -197,41 +275,32 @@ impl Communicator {
     /// `recv[i] = op over ranks of send[i]`.
     pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
         self.run(
-            OpKind::AllReduce,
-            send.len(),
-            T::DTYPE,
-            op,
-            0,
-            region_of(send.as_ptr(), send.len()),
-            region_of(recv.as_ptr(), recv.len()),
+            OpSpec::of::<T>(OpKind::AllReduce, send.len()).op(op),
+            rd(send),
+            wr(recv),
         )
     }
 
     /// In-place [`Communicator::all_reduce`].
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
-        let r = region_of(buf.as_ptr(), buf.len());
-        self.run(OpKind::AllReduce, buf.len(), T::DTYPE, op, 0, r, r)
+        let r = wr(buf);
+        self.run(OpSpec::of::<T>(OpKind::AllReduce, buf.len()).op(op), r, r)
     }
 
     /// `recv = concat over ranks of send` (`recv.len() == send.len() * world`).
     pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         self.run(
-            OpKind::AllGather,
-            send.len(),
-            T::DTYPE,
-            ReduceOp::Sum,
-            0,
-            region_of(send.as_ptr(), send.len()),
-            region_of(recv.as_ptr(), recv.len()),
+            OpSpec::of::<T>(OpKind::AllGather, send.len()),
+            rd(send),
+            wr(recv),
         )
     }
 
     /// In-place allgather: this rank's block is `buf[rank * n..][..n]`, `n = buf.len() / world`.
     pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
         let n = self.per_rank(buf.len())?;
-        let out = region_of(buf.as_ptr(), buf.len());
-        let input = region_of(buf[self.rank() * n..].as_ptr(), n);
-        self.run(OpKind::AllGather, n, T::DTYPE, ReduceOp::Sum, 0, input, out)
+        let input = rd(&buf[self.rank() * n..][..n]);
+        self.run(OpSpec::of::<T>(OpKind::AllGather, n), input, wr(buf))
     }
 
     /// `recv = block rank of (op over ranks of send)` (`send.len() == recv.len() * world`).
@@ -242,33 +311,28 @@ impl Communicator {
         op: ReduceOp,
     ) -> Result<()> {
         self.run(
-            OpKind::ReduceScatter,
-            recv.len(),
-            T::DTYPE,
-            op,
-            0,
-            region_of(send.as_ptr(), send.len()),
-            region_of(recv.as_ptr(), recv.len()),
+            OpSpec::of::<T>(OpKind::ReduceScatter, recv.len()).op(op),
+            rd(send),
+            wr(recv),
         )
     }
 
     /// In-place reduce-scatter: the result lands in `buf[rank * n..][..n]`.
     pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let n = self.per_rank(buf.len())?;
-        let input = region_of(buf.as_ptr(), buf.len());
-        let out = region_of(buf[self.rank() * n..].as_ptr(), n);
-        self.run(OpKind::ReduceScatter, n, T::DTYPE, op, 0, input, out)
+        let out = rd(&buf[self.rank() * n..][..n]);
+        self.run(
+            OpSpec::of::<T>(OpKind::ReduceScatter, n).op(op),
+            wr(buf),
+            out,
+        )
     }
 
     /// `buf` of `root` to every rank's `buf`.
     pub fn broadcast<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
-        let r = region_of(buf.as_ptr(), buf.len());
+        let r = wr(buf);
         self.run(
-            OpKind::Broadcast,
-            buf.len(),
-            T::DTYPE,
-            ReduceOp::Sum,
-            root,
+            OpSpec::of::<T>(OpKind::Broadcast, buf.len()).root(root),
             r,
             r,
         )
@@ -282,13 +346,9 @@ impl Communicator {
         root: usize,
     ) -> Result<()> {
         self.run(
-            OpKind::Broadcast,
-            recv.len(),
-            T::DTYPE,
-            ReduceOp::Sum,
-            root,
-            region_of(send.as_ptr(), send.len()),
-            region_of(recv.as_ptr(), recv.len()),
+            OpSpec::of::<T>(OpKind::Broadcast, recv.len()).root(root),
+            rd(send),
+            wr(recv),
         )
     }
 
@@ -300,15 +360,10 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        self.run(
-            OpKind::Reduce,
-            send.len(),
-            T::DTYPE,
-            op,
-            root,
-            region_of(send.as_ptr(), send.len()),
-            region_of(recv.as_ptr(), recv.len()),
-        )
+        let spec = OpSpec::of::<T>(OpKind::Reduce, send.len())
+            .op(op)
+            .root(root);
+        self.run(spec, rd(send), wr(recv))
     }
 
     /// In-place reduce (the result replaces `buf` on `root`; other ranks' `buf` is unchanged).
@@ -318,33 +373,25 @@ impl Communicator {
         op: ReduceOp,
         root: usize,
     ) -> Result<()> {
-        let r = region_of(buf.as_ptr(), buf.len());
-        self.run(OpKind::Reduce, buf.len(), T::DTYPE, op, root, r, r)
+        let r = wr(buf);
+        self.run(
+            OpSpec::of::<T>(OpKind::Reduce, buf.len()).op(op).root(root),
+            r,
+            r,
+        )
     }
 
     /// Block `j` of `send` goes to rank `j`; block `j` of `recv` comes from rank `j`.
     pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
         let n = self.per_rank(send.len())?;
-        self.run(
-            OpKind::AllToAll,
-            n,
-            T::DTYPE,
-            ReduceOp::Sum,
-            0,
-            region_of(send.as_ptr(), send.len()),
-            region_of(recv.as_ptr(), recv.len()),
-        )
+        self.run(OpSpec::of::<T>(OpKind::AllToAll, n), rd(send), wr(recv))
     }
 
     /// Sends `buf` to `peer` (matched with `peer`'s `recv` in issue order).
     pub fn send<T: Element>(&self, buf: &[T], peer: usize) -> Result<()> {
         self.run(
-            OpKind::Send,
-            buf.len(),
-            T::DTYPE,
-            ReduceOp::Sum,
-            peer,
-            region_of(buf.as_ptr(), buf.len()),
+            OpSpec::of::<T>(OpKind::Send, buf.len()).root(peer),
+            rd(buf),
             Region::EMPTY,
         )
     }
@@ -352,24 +399,16 @@ impl Communicator {
     /// Receives exactly `buf.len()` elements from `peer`.
     pub fn recv<T: Element>(&self, buf: &mut [T], peer: usize) -> Result<()> {
         self.run(
-            OpKind::Recv,
-            buf.len(),
-            T::DTYPE,
-            ReduceOp::Sum,
-            peer,
+            OpSpec::of::<T>(OpKind::Recv, buf.len()).root(peer),
             Region::EMPTY,
-            region_of(buf.as_ptr(), buf.len()),
+            wr(buf),
         )
     }
 
     /// Blocks until every rank has entered the barrier.
     pub fn barrier(&self) -> Result<()> {
         self.run(
-            OpKind::Barrier,
-            0,
-            DataType::U8,
-            ReduceOp::Sum,
-            0,
+            OpSpec::new(OpKind::Barrier, 0, DataType::U8),
             Region::EMPTY,
             Region::EMPTY,
         )
@@ -418,39 +457,19 @@ pub struct Group<'b> {
 }
 
 impl<'b> Group<'b> {
-    fn comm(&self) -> &'b Communicator {
-        self.comm
-    }
-
     /// Adds a send of `buf` to `peer`.
     pub fn send<T: Element>(&mut self, buf: &'b [T], peer: usize) -> Result<()> {
-        let c = make_call(
-            self.comm(),
-            OpKind::Send,
-            buf.len(),
-            T::DTYPE,
-            ReduceOp::Sum,
-            peer,
-            region_of(buf.as_ptr(), buf.len()),
-            Region::EMPTY,
-        )?;
-        self.calls.push(c);
+        let spec = OpSpec::of::<T>(OpKind::Send, buf.len()).root(peer);
+        self.calls
+            .push(make_call(self.comm, spec, rd(buf), Region::EMPTY)?);
         Ok(())
     }
 
     /// Adds a receive into `buf` from `peer`.
     pub fn recv<T: Element>(&mut self, buf: &'b mut [T], peer: usize) -> Result<()> {
-        let c = make_call(
-            self.comm(),
-            OpKind::Recv,
-            buf.len(),
-            T::DTYPE,
-            ReduceOp::Sum,
-            peer,
-            Region::EMPTY,
-            region_of(buf.as_ptr(), buf.len()),
-        )?;
-        self.calls.push(c);
+        let spec = OpSpec::of::<T>(OpKind::Recv, buf.len()).root(peer);
+        self.calls
+            .push(make_call(self.comm, spec, Region::EMPTY, wr(buf))?);
         Ok(())
     }
 }
@@ -463,8 +482,14 @@ pub struct OnStream<'c> {
 }
 
 impl OnStream<'_> {
-    fn start<B: Send + 'static>(&self, call: Result<Call>, bufs: B) -> Result<OpFuture<B>> {
-        let mut call = [call?];
+    fn start<B: Send + 'static>(
+        &self,
+        spec: OpSpec,
+        i: Region,
+        o: Region,
+        bufs: B,
+    ) -> Result<OpFuture<B>> {
+        let mut call = [make_call(self.comm, spec, i, o)?];
         // SAFETY: the regions point into `bufs`' heap memory, which `OpFuture` owns until the
         // event completes (its Drop waits for completion; leaking it leaks the memory too).
         let ev = unsafe { self.comm.submit(&self.stream, &mut call)? };
@@ -478,87 +503,53 @@ impl OnStream<'_> {
 
     /// In-place allreduce of `buf`.
     pub fn all_reduce<B: StableBuf>(&self, mut buf: B, op: ReduceOp) -> Result<OpFuture<B>> {
-        let r = region_of(buf.as_mut_ptr(), buf.len());
+        let r = owned(&mut buf);
         self.start(
-            make_call(
-                self.comm,
-                OpKind::AllReduce,
-                buf.len(),
-                B::Elem::DTYPE,
-                op,
-                0,
-                r,
-                r,
-            ),
+            OpSpec::of::<B::Elem>(OpKind::AllReduce, buf.len()).op(op),
+            r,
+            r,
             buf,
         )
     }
 
     /// Out-of-place allgather.
-    pub fn all_gather<S: StableBuf, R: StableBuf<Elem = S::Elem>>(
-        &self,
-        mut send: S,
-        mut recv: R,
-    ) -> Result<OpFuture<(S, R)>> {
-        let (i, o) = (
-            region_of(send.as_mut_ptr(), send.len()),
-            region_of(recv.as_mut_ptr(), recv.len()),
-        );
+    pub fn all_gather<S, R>(&self, mut send: S, mut recv: R) -> Result<OpFuture<(S, R)>>
+    where
+        S: StableBuf,
+        R: StableBuf<Elem = S::Elem>,
+    {
+        let (i, o) = (owned(&mut send), owned(&mut recv));
         self.start(
-            make_call(
-                self.comm,
-                OpKind::AllGather,
-                send.len(),
-                S::Elem::DTYPE,
-                ReduceOp::Sum,
-                0,
-                i,
-                o,
-            ),
+            OpSpec::of::<S::Elem>(OpKind::AllGather, send.len()),
+            i,
+            o,
             (send, recv),
         )
     }
 
     /// Out-of-place reduce-scatter.
-    pub fn reduce_scatter<S: StableBuf, R: StableBuf<Elem = S::Elem>>(
+    pub fn reduce_scatter<S, R>(
         &self,
         mut send: S,
         mut recv: R,
         op: ReduceOp,
-    ) -> Result<OpFuture<(S, R)>> {
-        let (i, o) = (
-            region_of(send.as_mut_ptr(), send.len()),
-            region_of(recv.as_mut_ptr(), recv.len()),
-        );
-        self.start(
-            make_call(
-                self.comm,
-                OpKind::ReduceScatter,
-                recv.len(),
-                S::Elem::DTYPE,
-                op,
-                0,
-                i,
-                o,
-            ),
-            (send, recv),
-        )
+    ) -> Result<OpFuture<(S, R)>>
+    where
+        S: StableBuf,
+        R: StableBuf<Elem = S::Elem>,
+    {
+        let (i, o) = (owned(&mut send), owned(&mut recv));
+        let spec = OpSpec::of::<S::Elem>(OpKind::ReduceScatter, recv.len()).op(op);
+        self.start(spec, i, o, (send, recv))
     }
 
     /// In-place broadcast from `root`.
     pub fn broadcast<B: StableBuf>(&self, mut buf: B, root: usize) -> Result<OpFuture<B>> {
-        let r = region_of(buf.as_mut_ptr(), buf.len());
+        let r = owned(&mut buf);
         self.start(
-            make_call(
-                self.comm,
-                OpKind::Broadcast,
-                buf.len(),
-                B::Elem::DTYPE,
-                ReduceOp::Sum,
-                root,
-                r,
-                r,
-            ),
+            OpSpec::of::<B::Elem>(OpKind::Broadcast, buf.len()).root(root),
+            r,
+            r,
             buf,
         )
     }
@@ -570,82 +561,41 @@ impl OnStream<'_> {
         op: ReduceOp,
         root: usize,
     ) -> Result<OpFuture<B>> {
-        let r = region_of(buf.as_mut_ptr(), buf.len());
-        self.start(
-            make_call(
-                self.comm,
-                OpKind::Reduce,
-                buf.len(),
-                B::Elem::DTYPE,
-                op,
-                root,
-                r,
-                r,
-            ),
-            buf,
-        )
+        let r = owned(&mut buf);
+        let spec = OpSpec::of::<B::Elem>(OpKind::Reduce, buf.len())
+            .op(op)
+            .root(root);
+        self.start(spec, r, r, buf)
     }
 
     /// All-to-all.
-    pub fn all_to_all<S: StableBuf, R: StableBuf<Elem = S::Elem>>(
-        &self,
-        mut send: S,
-        mut recv: R,
-    ) -> Result<OpFuture<(S, R)>> {
+    pub fn all_to_all<S, R>(&self, mut send: S, mut recv: R) -> Result<OpFuture<(S, R)>>
+    where
+        S: StableBuf,
+        R: StableBuf<Elem = S::Elem>,
+    {
         let n = self.comm.per_rank(send.len())?;
-        let (i, o) = (
-            region_of(send.as_mut_ptr(), send.len()),
-            region_of(recv.as_mut_ptr(), recv.len()),
-        );
+        let (i, o) = (owned(&mut send), owned(&mut recv));
         self.start(
-            make_call(
-                self.comm,
-                OpKind::AllToAll,
-                n,
-                S::Elem::DTYPE,
-                ReduceOp::Sum,
-                0,
-                i,
-                o,
-            ),
+            OpSpec::of::<S::Elem>(OpKind::AllToAll, n),
+            i,
+            o,
             (send, recv),
         )
     }
 
     /// Send to `peer`.
     pub fn send<B: StableBuf>(&self, mut buf: B, peer: usize) -> Result<OpFuture<B>> {
-        let r = region_of(buf.as_mut_ptr(), buf.len());
-        self.start(
-            make_call(
-                self.comm,
-                OpKind::Send,
-                buf.len(),
-                B::Elem::DTYPE,
-                ReduceOp::Sum,
-                peer,
-                r,
-                Region::EMPTY,
-            ),
-            buf,
-        )
+        let r = owned(&mut buf);
+        let spec = OpSpec::of::<B::Elem>(OpKind::Send, buf.len()).root(peer);
+        self.start(spec, r, Region::EMPTY, buf)
     }
 
     /// Receive from `peer`.
     pub fn recv<B: StableBuf>(&self, mut buf: B, peer: usize) -> Result<OpFuture<B>> {
-        let r = region_of(buf.as_mut_ptr(), buf.len());
-        self.start(
-            make_call(
-                self.comm,
-                OpKind::Recv,
-                buf.len(),
-                B::Elem::DTYPE,
-                ReduceOp::Sum,
-                peer,
-                Region::EMPTY,
-                r,
-            ),
-            buf,
-        )
+        let r = owned(&mut buf);
+        let spec = OpSpec::of::<B::Elem>(OpKind::Recv, buf.len()).root(peer);
+        self.start(spec, Region::EMPTY, r, buf)
     }
 
     /// Event completing when everything enqueued on this stream so far has.

@@ -26,7 +26,7 @@ pub mod verify;
 pub use ampccl_runtime::stream::{Event, Stream};
 pub use ampccl_runtime::{DataType, Element, Error, ReduceOp, Result};
 pub use ampccl_transport::bootstrap::UniqueId;
-pub use api::{Group, OnStream, OpFuture, StableBuf};
+pub use api::{Group, OnStream, OpFuture, OpSpec, RawOp, StableBuf};
 pub use comm::Communicator;
 pub use config::Config;
 pub use half::{bf16, f16};
