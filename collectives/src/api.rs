@@ -170,7 +170,7 @@ pub(crate) fn make_call(
                 dtype.name()
             )));
         }
-        if need > 0 && r.ptr as usize % e != 0 {
+        if need > 0 && !(r.ptr as usize).is_multiple_of(e) {
             return Err(Error::InvalidArgument(format!(
                 "{name} buffer is not aligned to {}",
                 dtype.name()
@@ -431,7 +431,7 @@ impl Communicator {
     }
 
     fn per_rank(&self, len: usize) -> Result<usize> {
-        if len % self.world() != 0 {
+        if !len.is_multiple_of(self.world()) {
             return Err(Error::InvalidArgument(format!(
                 "buffer of {len} elements does not split into {} equal blocks",
                 self.world()

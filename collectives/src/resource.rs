@@ -135,6 +135,7 @@ impl AlgResourceRequest {
 
 /// Where executors submit tasks. Every method checks its arguments (bounds, ids, links) and
 /// fails with `Error::Internal` on an executor bug instead of touching wrong memory.
+#[allow(clippy::too_many_arguments)] // `reduce` mirrors the task it enqueues
 pub trait TaskSink {
     /// `len` bytes from `src` to `dst`.
     fn copy(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()>;

@@ -99,7 +99,7 @@ impl TaskSink for StreamSink<'_> {
             return Ok(());
         }
         let (d, r) = (self.ptr(dst, len)?, self.ptr(src, len)?);
-        if d as *const u8 == r as *const u8 {
+        if std::ptr::eq(d, r) {
             return Ok(());
         }
         self.push(

@@ -1,9 +1,9 @@
 //! Setting up the shared-memory device of a communicator.
 //!
-//! 1. sweep segments left by crashed processes; 2. create our segment (0600, random name) and
-//! fill its header; 3. exchange names through the bootstrap and map every peer's segment;
-//! 4. probe cross-memory attach between every pair (all must succeed to use it); 5. barrier,
-//! then unlink our name — from here on a crash leaks nothing.
+//! Steps: sweep segments left by crashed processes; create our segment (0600, random name) and
+//! fill its header; exchange names through the bootstrap and map every peer's segment; probe
+//! cross-memory attach between every pair (all must succeed to use it); barrier, then unlink
+//! our name — from here on a crash leaks nothing.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

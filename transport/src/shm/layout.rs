@@ -84,12 +84,12 @@ unsafe impl Sync for View {}
 
 impl View {
     pub fn u32(&self, off: usize) -> &AtomicU32 {
-        debug_assert!(off % 4 == 0 && off + 4 <= self.len);
+        debug_assert!(off.is_multiple_of(4) && off + 4 <= self.len);
         // SAFETY: in bounds of the mapping, aligned, and only ever accessed atomically.
         unsafe { AtomicU32::from_ptr(self.base.add(off).cast()) }
     }
     pub fn u64(&self, off: usize) -> &AtomicU64 {
-        debug_assert!(off % 8 == 0 && off + 8 <= self.len);
+        debug_assert!(off.is_multiple_of(8) && off + 8 <= self.len);
         // SAFETY: as for `u32`.
         unsafe { AtomicU64::from_ptr(self.base.add(off).cast()) }
     }
