@@ -3,7 +3,6 @@
 //! the executor's request on first use, then cached) → executor orchestrates onto streams.
 
 use std::collections::HashMap;
-use std::io::Write as _;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -111,6 +110,7 @@ impl Communicator {
             allow_cma: config.allow_cma,
         };
         let dev = shm::connect(&boot, &shm_cfg)?;
+        dev.set_op_formatter(OpParam::describe_record);
         let engine = Engine::new(dev.doorbell(), config.timeout);
         let health_dev = dev.clone();
         engine.set_health_check(Box::new(move || health_dev.check_peers_failed()));
@@ -465,14 +465,7 @@ impl CommInner {
             ptr: scratch.as_mut_ptr().cast(),
             len: res.scratch_len,
         };
-        let mut desc = [0u8; 200];
-        let n = {
-            let mut cur = std::io::Cursor::new(&mut desc[..]);
-            let _ = write!(cur, "{} on rank {}", p.describe(), p.rank);
-            cur.position() as usize
-        };
-        self.dev
-            .set_op(std::str::from_utf8(&desc[..n]).unwrap_or("?"));
+        self.dev.set_op(&p.to_record());
         let links = self.link_table.lock().unwrap_or_else(|e| e.into_inner());
         let mut sink = StreamSink {
             main: stream,

@@ -153,17 +153,46 @@ impl OpParam {
             s += &format!(", {}", self.op.name());
         }
         if self.kind.has_root() {
-            s += &format!(
-                ", {}={}",
-                if matches!(self.kind, OpKind::Send | OpKind::Recv) {
-                    "peer"
-                } else {
-                    "root"
-                },
-                self.root
-            );
+            let what = if matches!(self.kind, OpKind::Send | OpKind::Recv) {
+                "peer"
+            } else {
+                "root"
+            };
+            s += &format!(", {what}={}", self.root);
         }
-        s + &format!(") #{}", self.seq)
+        s + &format!(") #{} on rank {}", self.seq, self.rank)
+    }
+
+    /// The parameters as words, for publishing to peers without formatting on the hot path.
+    pub fn to_record(&self) -> [u64; 7] {
+        [
+            self.kind as u64,
+            self.count as u64,
+            self.dtype as u64,
+            self.op as u64,
+            self.root as u64,
+            self.rank as u64,
+            self.seq,
+        ]
+    }
+
+    /// Describes a record made by [`OpParam::to_record`] (`None` if malformed).
+    pub fn describe_record(r: &[u64]) -> Option<String> {
+        let &[kind, count, dtype, op, root, rank, seq] = r else {
+            return None;
+        };
+        let p = OpParam {
+            kind: *OpKind::ALL.get(kind as usize)?,
+            count: count as usize,
+            dtype: DataType::from_raw(dtype as i32)?,
+            op: ReduceOp::from_raw(op as i32)?,
+            root: root as usize,
+            rank: rank as usize,
+            world: 0,
+            in_place: false,
+            seq,
+        };
+        Some(p.describe())
     }
 }
 

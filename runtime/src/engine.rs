@@ -182,7 +182,7 @@ impl EngineInner {
 
     pub(crate) fn wait_until<T>(&self, mut done: impl FnMut() -> Option<T>) -> T {
         self.waiters.fetch_add(1, Ordering::AcqRel);
-        let (mut since, mut naps) = (Instant::now(), 0u32);
+        let mut backoff = Backoff::default();
         let out = loop {
             let seen = self.bell.seq();
             let progressed = self.try_progress();
@@ -190,29 +190,13 @@ impl EngineInner {
                 break r;
             }
             if progressed {
-                (since, naps) = (Instant::now(), 0);
+                backoff = Backoff::default();
             } else {
-                self.idle(since, &mut naps, seen);
+                backoff.idle(&self.bell, seen);
             }
         };
         self.waiters.fetch_sub(1, Ordering::AcqRel);
         out
-    }
-
-    /// Back-off of an idle driver that has found nothing to do since `since`: spin, then
-    /// yield, then sleep until rung (`naps` counts the sleeps, each up to twice as long).
-    fn idle(&self, since: Instant, naps: &mut u32, seen: u32) {
-        let idle = since.elapsed();
-        if idle < SPIN {
-            spin_hint();
-        } else if idle < YIELD {
-            crate::sync::thread::yield_now();
-        } else {
-            let ms = 1u64 << (*naps).min(5);
-            *naps += 1;
-            self.bell
-                .sleep(seen, Duration::from_millis(ms).min(MAX_SLEEP));
-        }
     }
 
     pub(crate) fn register_waker(self: &Arc<Self>, waker: &Waker) {
@@ -250,7 +234,7 @@ impl EngineInner {
 
     #[cfg(not(ampccl_loom))]
     fn background_loop(self: Arc<Self>) {
-        let (mut since, mut naps) = (Instant::now(), 0u32);
+        let mut backoff = Backoff::default();
         while !self.stop.load(Ordering::Acquire) {
             let seen = self.bell.seq();
             let work =
@@ -260,9 +244,9 @@ impl EngineInner {
                 continue;
             }
             if self.try_progress() {
-                (since, naps) = (Instant::now(), 0);
+                backoff = Backoff::default();
             } else {
-                self.idle(since, &mut naps, seen);
+                backoff.idle(&self.bell, seen);
             }
         }
     }
@@ -275,6 +259,37 @@ impl EngineInner {
         drop(a);
         self.aborted.store(true, Ordering::Release);
         self.bell.ring();
+    }
+}
+
+/// Back-off of an idle driver: spin, then yield, then sleep on the doorbell until rung.
+#[derive(Default)]
+struct Backoff {
+    polls: u32,
+    since: Option<Instant>,
+    naps: u32,
+}
+
+impl Backoff {
+    /// Idle polls before the clock is read at all (a poll costs far less than a clock read).
+    const FREE_SPINS: u32 = 64;
+
+    fn idle(&mut self, bell: &Doorbell, seen: u32) {
+        self.polls = self.polls.saturating_add(1);
+        if self.polls < Self::FREE_SPINS {
+            spin_hint();
+            return;
+        }
+        let idle = self.since.get_or_insert_with(Instant::now).elapsed();
+        if idle < SPIN {
+            spin_hint();
+        } else if idle < YIELD {
+            crate::sync::thread::yield_now();
+        } else {
+            let ms = 1u64 << self.naps.min(5);
+            self.naps += 1;
+            bell.sleep(seen, Duration::from_millis(ms).min(MAX_SLEEP));
+        }
     }
 }
 

@@ -73,4 +73,6 @@ pub trait RmaDevice: Send + Sync {
     fn peer_desc(&self, peer: usize) -> String;
     /// The operation `peer` says it is running (for mismatch messages), if known.
     fn peer_op(&self, peer: usize) -> Option<String>;
+    /// The operation the local rank is running, described as for peers, if known.
+    fn local_op(&self) -> Option<String>;
 }

@@ -93,9 +93,9 @@ pub unsafe fn try_send(
         let theirs = dev
             .peer_op(peer)
             .unwrap_or_else(|| format!("tag {:#x}", cts.tag));
+        let ours = dev.local_op().unwrap_or_else(|| format!("tag {tag:#x}"));
         return fail(Error::InvalidUsage(format!(
-            "operation mismatch: {} is running {theirs}, which does not match this rank's \
-             operation (tag {tag:#x})",
+            "operation mismatch: {} is running {theirs}, this rank is running {ours}",
             dev.peer_desc(peer)
         )));
     }

@@ -141,4 +141,7 @@ impl RmaDevice for PairDevice {
     fn peer_op(&self, _peer: usize) -> Option<String> {
         None
     }
+    fn local_op(&self) -> Option<String> {
+        None
+    }
 }

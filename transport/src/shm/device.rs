@@ -3,8 +3,8 @@
 //! the peer's user buffer), the immediate and the CTS are atomic stores into the peer's control
 //! block, and each of them rings the peer's doorbell.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 
 use ampccl_runtime::doorbell::{Doorbell, DoorbellWords};
 use ampccl_runtime::{Error, Result};
@@ -28,7 +28,12 @@ pub struct ShmDevice {
     views: Vec<View>,
     bells: Vec<Doorbell>,
     cma: bool,
+    /// Turns a peer's operation record (see [`ShmDevice::set_op`]) into text.
+    op_formatter: OnceLock<OpFormatter>,
 }
+
+/// Formats an operation record published with [`ShmDevice::set_op`].
+pub type OpFormatter = fn(&[u64]) -> Option<String>;
 
 impl ShmDevice {
     pub(super) fn new(
@@ -63,7 +68,13 @@ impl ShmDevice {
             views,
             bells,
             cma,
+            op_formatter: OnceLock::new(),
         }
+    }
+
+    /// Sets how peers' operation records are described in mismatch errors (once).
+    pub fn set_op_formatter(&self, f: OpFormatter) {
+        let _ = self.op_formatter.set(f);
     }
 
     /// Our own doorbell (peers ring it when they write to us).
@@ -86,9 +97,10 @@ impl ShmDevice {
         self.cma
     }
 
-    /// Publishes a description of the operation this rank is running (for mismatch messages).
-    pub fn set_op(&self, desc: &str) {
-        self.views[self.rank].put_text(H_OP, desc);
+    /// Publishes a compact record of the operation this rank is running (binary, so it costs
+    /// a few stores per operation; peers format it only when reporting a mismatch).
+    pub fn set_op(&self, record: &[u64]) {
+        self.views[self.rank].put_words(H_OP, record);
     }
 
     /// Marks this rank failed so peers stop waiting for it.
@@ -248,7 +260,12 @@ impl RmaDevice for ShmDevice {
     }
 
     fn peer_op(&self, peer: usize) -> Option<String> {
-        self.views[peer].get_text(H_OP)
+        let record = self.views[peer].get_words(H_OP)?;
+        self.op_formatter.get().and_then(|f| f(&record))
+    }
+
+    fn local_op(&self) -> Option<String> {
+        self.peer_op(self.rank)
     }
 }
 

@@ -32,6 +32,8 @@ pub const H_PROBE: usize = 192;
 pub const H_OP: usize = 256;
 pub const H_FAIL_MSG: usize = 1024;
 pub const TEXT_LEN: usize = 504;
+/// 64-bit words a seqlock area holds.
+const MAX_WORDS: usize = (TEXT_LEN - 8) / 8;
 
 const CTS_SIZE: usize = 32;
 const IMM_SIZE: usize = 16;
@@ -119,47 +121,57 @@ impl View {
         })
     }
 
-    /// Writes `text` into the seqlock text area at `off`.
-    pub fn put_text(&self, off: usize, text: &str) {
+    /// Writes `words` into the seqlock area at `off`: a sequence word (odd while writing), a
+    /// length word, then up to `(TEXT_LEN - 8) / 8` 64-bit words.
+    pub fn put_words(&self, off: usize, words: &[u64]) {
         let seq = self.u32(off);
         let s = seq.load(Ordering::Relaxed);
         seq.store(s.wrapping_add(1), Ordering::Relaxed);
         std::sync::atomic::fence(Ordering::Release);
-        let bytes = text.as_bytes();
-        let n = bytes.len().min(TEXT_LEN - 4);
+        let n = words.len().min(MAX_WORDS);
         self.u32(off + 4).store(n as u32, Ordering::Relaxed);
-        for (i, chunk) in bytes[..n].chunks(8).enumerate() {
-            let mut w = [0u8; 8];
-            w[..chunk.len()].copy_from_slice(chunk);
-            self.u64(off + 8 + i * 8)
-                .store(u64::from_le_bytes(w), Ordering::Relaxed);
+        for (i, w) in words[..n].iter().enumerate() {
+            self.u64(off + 8 + i * 8).store(*w, Ordering::Relaxed);
         }
         seq.store(s.wrapping_add(2), Ordering::Release);
     }
 
-    /// Reads the seqlock text area at `off` (`None` if never written or torn twice).
-    pub fn get_text(&self, off: usize) -> Option<String> {
+    /// Reads the seqlock area at `off` (`None` if never written or torn twice).
+    pub fn get_words(&self, off: usize) -> Option<Vec<u64>> {
         for _ in 0..2 {
             let s1 = self.u32(off).load(Ordering::Acquire);
             if s1 == 0 || s1 % 2 == 1 {
                 continue;
             }
-            let n = (self.u32(off + 4).load(Ordering::Relaxed) as usize).min(TEXT_LEN - 4);
-            let mut out = Vec::with_capacity(n);
-            for i in 0..n.div_ceil(8) {
-                out.extend_from_slice(
-                    &self
-                        .u64(off + 8 + i * 8)
-                        .load(Ordering::Relaxed)
-                        .to_le_bytes(),
-                );
-            }
-            out.truncate(n);
+            let n = (self.u32(off + 4).load(Ordering::Relaxed) as usize).min(MAX_WORDS);
+            let out: Vec<u64> = (0..n)
+                .map(|i| self.u64(off + 8 + i * 8).load(Ordering::Relaxed))
+                .collect();
             std::sync::atomic::fence(Ordering::Acquire);
             if self.u32(off).load(Ordering::Relaxed) == s1 {
-                return Some(String::from_utf8_lossy(&out).into_owned());
+                return Some(out);
             }
         }
         None
+    }
+
+    /// Writes `text` (truncated, zero-padded to whole words; first word = byte length).
+    pub fn put_text(&self, off: usize, text: &str) {
+        let bytes = &text.as_bytes()[..text.len().min((MAX_WORDS - 1) * 8)];
+        let mut words = vec![bytes.len() as u64];
+        words.extend(bytes.chunks(8).map(|c| {
+            let mut w = [0u8; 8];
+            w[..c.len()].copy_from_slice(c);
+            u64::from_le_bytes(w)
+        }));
+        self.put_words(off, &words);
+    }
+
+    /// Reads what [`View::put_text`] wrote.
+    pub fn get_text(&self, off: usize) -> Option<String> {
+        let words = self.get_words(off)?;
+        let (len, rest) = words.split_first()?;
+        let bytes: Vec<u8> = rest.iter().flat_map(|w| w.to_le_bytes()).collect();
+        Some(String::from_utf8_lossy(&bytes[..(*len as usize).min(bytes.len())]).into_owned())
     }
 }
