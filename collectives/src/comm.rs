@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use ampccl_runtime::engine::Engine;
+use ampccl_runtime::mem::HostBuffer;
 use ampccl_runtime::notify::Notify;
 use ampccl_runtime::stream::{Event, Stream};
 use ampccl_runtime::task::Task;
@@ -28,8 +29,7 @@ use crate::sink::{Region, StreamSink, slot};
 struct Resources {
     slaves: Vec<Stream>,
     notifies: Vec<Notify>,
-    scratch: Mutex<Vec<u64>>,
-    scratch_len: usize,
+    scratch: HostBuffer,
 }
 
 pub(crate) struct CommInner {
@@ -271,11 +271,17 @@ impl Communicator {
                 s.wait_event(ev);
             }
         };
-        let jobs = plan(c.rank, calls)?;
-        let result = if let [job] = jobs[..] {
+        let to_self = |call: &Call| {
+            matches!(call.p.kind, OpKind::Send | OpKind::Recv) && call.p.root == c.rank
+        };
+        let result = if let [call] = &calls[..]
+            && !to_self(call)
+        {
+            // The common case, without planning (and without allocating).
             after_prior(stream);
-            c.run_job(stream, calls, job)
+            c.run_job(stream, calls, Job::Call(0))
         } else {
+            let jobs = plan(c.rank, calls)?;
             // Without cross-memory attach every receive lands in the one CCL input buffer, so
             // the group's receives take turns on one stream (sends, which read user memory,
             // still run concurrently; a receive waits only for its matching send, which waits
@@ -446,7 +452,6 @@ impl CommInner {
         };
         let (entry, new_tag) = self.select(p, operator::for_kind(p.kind), &ctx)?;
         let res = self.resources(entry, new_tag, p)?;
-        let mut scratch = res.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let (window, _) = self.dev.window();
         let b = self.config.buffsize;
         let mut regions = [Region::EMPTY; 5];
@@ -461,10 +466,7 @@ impl CommInner {
             ptr: unsafe { window.add(b) },
             len: b,
         };
-        regions[slot(BufKind::Scratch)] = Region {
-            ptr: scratch.as_mut_ptr().cast(),
-            len: res.scratch_len,
-        };
+        regions[slot(BufKind::Scratch)] = res.scratch.region();
         self.dev.set_op(&p.to_record());
         let links = self.link_table.lock().unwrap_or_else(|e| e.into_inner());
         let mut sink = StreamSink {
@@ -478,7 +480,7 @@ impl CommInner {
         let mut resp = AlgResourceResponse {
             ccl_in_size: b,
             ccl_out_size: b,
-            scratch_size: res.scratch_len,
+            scratch_size: res.scratch.len(),
             stream_num: res.slaves.len(),
             notify_num: res.notifies.len(),
             user_mem_links: ctx.user_mem_links,
@@ -486,7 +488,6 @@ impl CommInner {
         };
         entry.executor.orchestrate(p, &mut resp)?;
         drop(links);
-        drop(scratch);
         Ok(())
     }
 
@@ -509,12 +510,10 @@ impl CommInner {
                 .clone();
             self.link_table.lock().unwrap_or_else(|e| e.into_inner())[peer] = Some(link);
         }
-        let words = req.scratch_mem_size.div_ceil(8);
         let r = Arc::new(Resources {
             slaves: (0..req.stream_num).map(|_| self.engine.stream()).collect(),
             notifies: (0..req.notify_num).map(|_| self.engine.notify()).collect(),
-            scratch: Mutex::new(vec![0u64; words]),
-            scratch_len: req.scratch_mem_size,
+            scratch: HostBuffer::zeroed(req.scratch_mem_size),
         });
         tracing::debug!("resources for {} tag {new_tag}: {req:?}", entry.name);
         cache.insert(key, r.clone());

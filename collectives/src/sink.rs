@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+pub(crate) use ampccl_runtime::mem::Region;
 use ampccl_runtime::notify::Notify;
 use ampccl_runtime::stream::Stream;
 use ampccl_runtime::task::Task;
@@ -10,20 +11,6 @@ use ampccl_runtime::{DataType, Error, ReduceOp, Result};
 use ampccl_transport::link::Link;
 
 use crate::resource::{BufKind, Mem, NotifyId, StreamId, TaskSink};
-
-/// A buffer an operation may touch: base pointer and length in bytes.
-#[derive(Clone, Copy)]
-pub(crate) struct Region {
-    pub ptr: *mut u8,
-    pub len: usize,
-}
-
-impl Region {
-    pub(crate) const EMPTY: Region = Region {
-        ptr: std::ptr::null_mut(),
-        len: 0,
-    };
-}
 
 /// Enqueues an operation's tasks.
 pub(crate) struct StreamSink<'a> {
@@ -50,21 +37,12 @@ impl StreamSink<'_> {
 
     fn ptr(&self, m: Mem, len: usize) -> Result<*mut u8> {
         let r = self.regions[m.buf as usize];
-        match m.off.checked_add(len) {
-            Some(end) if end <= r.len => {
-                // SAFETY: `off + len <= r.len`, inside the region (possibly one past its end for
-                // zero-length accesses).
-                Ok(if len == 0 {
-                    r.ptr
-                } else {
-                    unsafe { r.ptr.add(m.off) }
-                })
-            }
-            _ => Err(bug(format!(
-                "{:?}+{} out of bounds (buffer holds {} bytes)",
-                m, len, r.len
-            ))),
-        }
+        r.at(m.off, len).ok_or_else(|| {
+            bug(format!(
+                "{m:?}+{len} out of bounds (buffer holds {} bytes)",
+                r.len
+            ))
+        })
     }
 
     fn link(&self, peer: usize) -> Result<&Arc<Link>> {

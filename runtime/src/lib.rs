@@ -8,6 +8,7 @@
 //!   a lazily started background thread serves work nobody waits on.
 //! - [`doorbell::Doorbell`]: the word an idle driver sleeps on (a shared futex).
 //! - [`reduce`]: reduction kernels for every [`dtype::DataType`] × [`dtype::ReduceOp`].
+//! - [`mem`]: aligned host buffers and regions.
 //! - [`sync`]: std or loom atomics (`--cfg ampccl_loom`).
 
 pub mod doorbell;
@@ -16,6 +17,7 @@ pub mod engine;
 pub mod error;
 #[cfg(not(ampccl_loom))]
 pub mod futex;
+pub mod mem;
 pub mod notify;
 pub mod reduce;
 pub mod stream;

@@ -10,6 +10,8 @@ pub mod cma;
 pub mod connect;
 pub mod device;
 pub mod layout;
+#[cfg(test)]
+mod notify_test;
 pub mod segment;
 
 pub use connect::{ShmConfig, connect};
