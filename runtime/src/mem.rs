@@ -28,10 +28,9 @@ impl HostBuffer {
     /// `len` zero bytes (no allocation for `len == 0`).
     pub fn zeroed(len: usize) -> HostBuffer {
         if len == 0 {
-            return HostBuffer {
-                ptr: NonNull::<[u8; ALIGN]>::dangling().cast(),
-                len,
-            };
+            // An aligned address that is never dereferenced: nothing to allocate.
+            let ptr = NonNull::new(std::ptr::without_provenance_mut(ALIGN)).expect("non-zero");
+            return HostBuffer { ptr, len };
         }
         let layout = Layout::from_size_align(len, ALIGN).expect("buffer size overflows");
         // SAFETY: the layout has a non-zero size.
