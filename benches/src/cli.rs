@@ -45,6 +45,9 @@ pub struct Args {
     /// Launch this many local ranks.
     #[arg(short = 'g', long = "ranks")]
     pub ranks: Option<usize>,
+    /// Also write the results as CSV (rank 0).
+    #[arg(long = "csv")]
+    pub csv: Option<std::path::PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {

@@ -179,6 +179,10 @@ fn sweep<T: Num>(comm: &Communicator, args: &Args) -> Result<bool, String> {
         );
     }
     let mut all_ok = true;
+    let mut csv = vec![
+        "collective,ranks,bytes,count,type,redop,root,placement,time_us,algbw_gbs,busbw_gbs,wrong"
+            .to_string(),
+    ];
     let mut bus_sum = 0.0;
     let mut points = 0usize;
     let mut size = args.min_bytes.max(e);
@@ -208,18 +212,22 @@ fn sweep<T: Num>(comm: &Communicator, args: &Args) -> Result<bool, String> {
             } else {
                 -1
             };
+            let (bytes, count) = (cin.max(cout) * e, cin.max(cout));
             print!(
-                "{:>12} {:>12} {:>8} {:>6} {:>6}",
-                cin.max(cout) * e,
-                cin.max(cout),
-                args.dtype.name(),
-                redop,
-                root
+                "{bytes:>12} {count:>12} {:>8} {redop:>6} {root:>6}",
+                args.dtype.name()
             );
-            for (t, a, b, w) in row {
+            for (t, a, b, w) in &row {
                 print!("   {t:>9.2} {a:>7.2} {b:>7.2} {w:>6}");
             }
             println!();
+            for ((t, a, b, w), place) in row.iter().zip(["out", "in"]) {
+                csv.push(format!(
+                    "{},{n},{bytes},{count},{},{redop},{root},{place},{t:.3},{a:.4},{b:.4},{w}",
+                    args.collective,
+                    args.dtype.name()
+                ));
+            }
         }
         size = match size.checked_mul(args.factor.max(2)) {
             Some(s) => s,
@@ -231,6 +239,10 @@ fn sweep<T: Num>(comm: &Communicator, args: &Args) -> Result<bool, String> {
             "# Out of bounds values : {}",
             if all_ok { "0 OK" } else { "FAILED" }
         );
+        if let Some(path) = &args.csv {
+            std::fs::write(path, csv.join("\n") + "\n")
+                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        }
         println!(
             "# Avg bus bandwidth    : {:.4}",
             if points > 0 {
