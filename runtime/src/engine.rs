@@ -15,7 +15,7 @@ use crate::doorbell::Doorbell;
 use crate::error::{Error, Result};
 use crate::notify::Notify;
 use crate::stream::{Stream, StreamInner, lock};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, spin_hint};
 
@@ -42,7 +42,7 @@ pub(crate) struct EngineInner {
     timeout: Duration,
     abort: Mutex<Option<Error>>,
     aborted: AtomicBool,
-    health: Mutex<Option<Arc<HealthCheck>>>,
+    health: OnceLock<HealthCheck>,
     wakers: Mutex<Vec<Waker>>,
     has_wakers: AtomicBool,
     background: Mutex<Option<JoinHandle<()>>>,
@@ -66,7 +66,7 @@ impl Engine {
                 timeout,
                 abort: Mutex::new(None),
                 aborted: AtomicBool::new(false),
-                health: Mutex::new(None),
+                health: OnceLock::new(),
                 wakers: Mutex::new(Vec::new()),
                 has_wakers: AtomicBool::new(false),
                 background: Mutex::new(None),
@@ -96,8 +96,9 @@ impl Engine {
     }
 
     /// Installs a check run on every progress pass; an error aborts the engine with it.
+    /// Only the first check installed counts.
     pub fn set_health_check(&self, check: HealthCheck) {
-        *lock(&self.inner.health) = Some(Arc::new(check));
+        let _ = self.inner.health.set(check);
     }
 
     /// Fails all queued and future work with `reason` and wakes every waiter.
@@ -146,8 +147,7 @@ impl EngineInner {
             self.finished(n);
             return n > 0;
         }
-        let health = lock(&self.health).clone();
-        if let Some(check) = health
+        if let Some(check) = self.health.get()
             && let Err(e) = check()
         {
             drop(streams);

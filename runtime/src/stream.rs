@@ -17,7 +17,7 @@ use crate::engine::EngineInner;
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
-use crate::sync::{AtomicU64, Mutex, Ordering};
+use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// Engines and streams are shared with `std`'s Arc (method receivers need it; it guards no state).
 type EngineArc = Arc<EngineInner>;
@@ -70,6 +70,8 @@ pub(crate) struct StreamInner {
     completed: AtomicU64,
     /// Sticky failure: position (1-based) of the first failed task and its error.
     failure: Mutex<Option<(u64, Error)>>,
+    /// `failure.is_some()`, readable without the lock (enqueue checks it on every task).
+    failed: AtomicBool,
 }
 
 impl StreamInner {
@@ -79,6 +81,7 @@ impl StreamInner {
             enqueued: AtomicU64::new(0),
             completed: AtomicU64::new(0),
             failure: Mutex::new(None),
+            failed: AtomicBool::new(false),
         }
     }
 
@@ -128,6 +131,7 @@ impl StreamInner {
         let mut f = lock(&self.failure);
         if f.is_none() {
             *f = Some((self.completed.load(Ordering::Acquire) + 1, e));
+            self.failed.store(true, Ordering::Release);
         }
         self.completed.fetch_add(dropped, Ordering::Release);
         dropped
@@ -137,6 +141,11 @@ impl StreamInner {
     fn status(&self, seq: u64) -> Option<Result<()>> {
         if self.completed.load(Ordering::Acquire) < seq {
             return None;
+        }
+        // `failed` is set before the failed tasks are counted as completed, so a completed
+        // count that covers them also shows the flag.
+        if !self.failed.load(Ordering::Acquire) {
+            return Some(Ok(()));
         }
         match &*lock(&self.failure) {
             Some((pos, e)) if *pos <= seq => Some(Err(e.clone())),
@@ -170,7 +179,7 @@ impl Stream {
     /// completes.
     pub unsafe fn enqueue(&self, task: Task) {
         let mut q = lock(&self.inner.queue);
-        if lock(&self.inner.failure).is_some() {
+        if self.inner.failed.load(Ordering::Acquire) {
             // A failed stream runs nothing more; the task counts as failed at once.
             self.inner.enqueued.fetch_add(1, Ordering::AcqRel);
             self.inner.completed.fetch_add(1, Ordering::Release);
