@@ -184,15 +184,25 @@ impl EngineInner {
         self.waiters.fetch_add(1, Ordering::AcqRel);
         let mut backoff = Backoff::default();
         let out = loop {
-            let seen = self.bell.seq();
             let progressed = self.try_progress();
             if let Some(r) = done() {
                 break r;
             }
             if progressed {
                 backoff = Backoff::default();
-            } else {
-                backoff.idle(&self.bell, seen);
+            } else if backoff.pause() {
+                // Read the doorbell only now (peers ring it on every message; reading it in
+                // the hot loop would bounce its cache line), then look once more: anything
+                // that arrives after this read rings it and ends the sleep.
+                let seen = self.bell.seq();
+                if self.try_progress() {
+                    backoff = Backoff::default();
+                    continue;
+                }
+                if let Some(r) = done() {
+                    break r;
+                }
+                backoff.sleep(&self.bell, seen);
             }
         };
         self.waiters.fetch_sub(1, Ordering::AcqRel);
@@ -245,8 +255,8 @@ impl EngineInner {
             }
             if self.try_progress() {
                 backoff = Backoff::default();
-            } else {
-                backoff.idle(&self.bell, seen);
+            } else if backoff.pause() {
+                backoff.sleep(&self.bell, seen);
             }
         }
     }
@@ -274,11 +284,12 @@ impl Backoff {
     /// Idle polls before the clock is read at all (a poll costs far less than a clock read).
     const FREE_SPINS: u32 = 64;
 
-    fn idle(&mut self, bell: &Doorbell, seen: u32) {
+    /// Spins or yields; returns true once the driver has been idle long enough to sleep.
+    fn pause(&mut self) -> bool {
         self.polls = self.polls.saturating_add(1);
         if self.polls < Self::FREE_SPINS {
             spin_hint();
-            return;
+            return false;
         }
         let idle = self.since.get_or_insert_with(Instant::now).elapsed();
         if idle < SPIN {
@@ -286,10 +297,16 @@ impl Backoff {
         } else if idle < YIELD {
             crate::sync::thread::yield_now();
         } else {
-            let ms = 1u64 << self.naps.min(5);
-            self.naps += 1;
-            bell.sleep(seen, Duration::from_millis(ms).min(MAX_SLEEP));
+            return true;
         }
+        false
+    }
+
+    /// Sleeps until the doorbell moves past `seen` (each nap up to twice as long as the last).
+    fn sleep(&mut self, bell: &Doorbell, seen: u32) {
+        let ms = 1u64 << self.naps.min(5);
+        self.naps += 1;
+        bell.sleep(seen, Duration::from_millis(ms).min(MAX_SLEEP));
     }
 }
 
