@@ -85,7 +85,7 @@ pub struct ampcclUniqueId {
     pub internal: [c_char; AMPCCL_UNIQUE_ID_BYTES],
 }
 
-/// Communicator options (the first fields of `ncclConfig_t`). Start from
+/// Communicator options (the `ncclConfig_t` fields ampccl uses, and `timeoutS`). Start from
 /// `AMPCCL_CONFIG_INITIALIZER` and set what you need.
 #[repr(C)]
 #[derive(Clone, Copy)]
