@@ -1,0 +1,149 @@
+//! Drives the C and Python clients of `libampccl.so`: compiles `tests/c/collectives.c` with
+//! `cc` against the checked-in header and the library cargo built next to this test binary,
+//! then runs it (and `tests/python/client.py` through ctypes) as several processes.
+//!
+//! The library is the `cdylib` of this crate: cargo builds it with the crate's tests, into
+//! `target/<profile>/deps/` beside this executable.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use ampccl::types::ampcclUniqueId;
+
+/// Directory holding `libampccl.so` (this test executable's own directory, or its parent).
+fn lib_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let deps = exe.parent().expect("exe dir").to_path_buf();
+    for d in [deps.clone(), deps.parent().expect("profile dir").to_path_buf()] {
+        if d.join("libampccl.so").exists() {
+            return d;
+        }
+    }
+    panic!("libampccl.so not found next to {}", exe.display());
+}
+
+fn crate_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A fresh unique id in hex, made through the C ABI itself (its root runs in this process).
+fn unique_id_hex() -> String {
+    let mut id = ampcclUniqueId { internal: [0; 128] };
+    let mut buf = [0 as std::ffi::c_char; 257];
+    // SAFETY: both pointers are valid for the sizes the calls need.
+    unsafe {
+        assert_eq!(ampccl::ampcclGetUniqueId(&mut id) as i32, 0);
+        assert_eq!(
+            ampccl::ampcclUniqueIdToString(&id, buf.as_mut_ptr(), buf.len()) as i32,
+            0
+        );
+    }
+    let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8(bytes).expect("hex")
+}
+
+/// Runs `cmd` as `world` ranks and fails unless every one exits with 0.
+fn launch(world: usize, cmd: &[&str], extra_env: &[(&str, String)]) {
+    let hex = unique_id_hex();
+    let mut children: Vec<_> = (0..world)
+        .map(|r| {
+            let mut c = Command::new(cmd[0]);
+            c.args(&cmd[1..])
+                .env("AMPCCL_UNIQUE_ID", &hex)
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", world.to_string())
+                .env("AMPCCL_TIMEOUT_S", "60")
+                .env("AMPCCL_LOG", "error")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            for (k, v) in extra_env {
+                c.env(k, v);
+            }
+            c.spawn().expect("spawn a rank")
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut failed = Vec::new();
+    for (r, child) in children.iter_mut().enumerate() {
+        loop {
+            if let Some(st) = child.try_wait().expect("wait") {
+                if !st.success() {
+                    failed.push((r, st));
+                }
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                failed.push((r, child.wait().expect("wait")));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let mut report = String::new();
+    for (r, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().expect("output");
+        report += &format!(
+            "--- rank {r}\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(failed.is_empty(), "ranks failed: {failed:?}\n{report}");
+}
+
+/// Compiles the C client once per test process.
+fn c_client() -> PathBuf {
+    static EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    EXE.get_or_init(|| {
+        let lib = lib_dir();
+        let exe = std::env::temp_dir().join(format!("ampccl-c-client-{}", std::process::id()));
+        let st = Command::new("cc")
+            .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
+            .arg(crate_dir().join("include"))
+            .arg(crate_dir().join("tests/c/collectives.c"))
+            .arg("-L")
+            .arg(&lib)
+            .arg("-lampccl")
+            .arg(format!("-Wl,-rpath,{}", lib.display()))
+            .arg("-o")
+            .arg(&exe)
+            .status()
+            .expect("run cc");
+        assert!(st.success(), "cc failed");
+        exe
+    })
+    .clone()
+}
+
+fn run_c(world: usize) {
+    let exe = c_client();
+    launch(world, &[exe.to_str().expect("utf-8 path")], &[]);
+}
+
+#[test]
+fn c_client_2_ranks() {
+    run_c(2);
+}
+
+#[test]
+fn c_client_3_ranks() {
+    run_c(3);
+}
+
+#[test]
+fn c_client_4_ranks() {
+    run_c(4);
+}
+
+#[test]
+fn python_client_2_ranks() {
+    let lib = lib_dir().join("libampccl.so");
+    let script = crate_dir().join("tests/python/client.py");
+    launch(
+        2,
+        &["python3", script.to_str().expect("utf-8 path")],
+        &[("AMPCCL_LIB", lib.display().to_string())],
+    );
+}
