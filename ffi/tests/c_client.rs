@@ -15,7 +15,10 @@ use ampccl::types::ampcclUniqueId;
 fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let deps = exe.parent().expect("exe dir").to_path_buf();
-    for d in [deps.clone(), deps.parent().expect("profile dir").to_path_buf()] {
+    for d in [
+        deps.clone(),
+        deps.parent().expect("profile dir").to_path_buf(),
+    ] {
         if d.join("libampccl.so").exists() {
             return d;
         }
@@ -39,7 +42,11 @@ fn unique_id_hex() -> String {
             0
         );
     }
-    let bytes: Vec<u8> = buf.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = buf
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     String::from_utf8(bytes).expect("hex")
 }
 
