@@ -25,6 +25,9 @@ mod stream;
 pub mod stream_api;
 pub mod types;
 
+#[cfg(test)]
+mod tests;
+
 use std::ffi::{CStr, c_char, c_int};
 
 use ampccl_native::UniqueId;

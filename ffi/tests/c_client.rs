@@ -3,13 +3,13 @@
 //! then runs it (and `tests/python/client.py` through ctypes) as several processes.
 //!
 //! The library is the `cdylib` of this crate: cargo builds it with the crate's tests, into
-//! `target/<profile>/deps/` beside this executable.
+//! `target/<profile>/deps/` beside this executable. The clients turn the hex id back into an
+//! `ampcclUniqueId` with `ampcclUniqueIdFromString` and print it back with
+//! `ampcclUniqueIdToString`, so both extensions are covered.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-use ampccl::types::ampcclUniqueId;
 
 /// Directory holding `libampccl.so` (this test executable's own directory, or its parent).
 fn lib_dir() -> PathBuf {
@@ -30,24 +30,11 @@ fn crate_dir() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A fresh unique id in hex, made through the C ABI itself (its root runs in this process).
+/// A fresh unique id in hex (its rendezvous root runs in this process).
 fn unique_id_hex() -> String {
-    let mut id = ampcclUniqueId { internal: [0; 128] };
-    let mut buf = [0 as std::ffi::c_char; 257];
-    // SAFETY: both pointers are valid for the sizes the calls need.
-    unsafe {
-        assert_eq!(ampccl::ampcclGetUniqueId(&mut id) as i32, 0);
-        assert_eq!(
-            ampccl::ampcclUniqueIdToString(&id, buf.as_mut_ptr(), buf.len()) as i32,
-            0
-        );
-    }
-    let bytes: Vec<u8> = buf
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    String::from_utf8(bytes).expect("hex")
+    ampccl_native::UniqueId::generate()
+        .expect("unique id")
+        .to_hex()
 }
 
 /// Runs `cmd` as `world` ranks and fails unless every one exits with 0.

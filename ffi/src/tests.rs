@@ -6,12 +6,12 @@
 use std::ffi::c_void;
 use std::ptr::null_mut;
 
-use ampccl::coll::ampcclAllReduce;
-use ampccl::comm_api::*;
-use ampccl::stream_api::*;
-use ampccl::types::ampcclResult_t::{self, *};
-use ampccl::types::*;
-use ampccl::{ampcclGetUniqueId, ampcclGroupEnd, ampcclGroupStart};
+use crate::coll::ampcclAllReduce;
+use crate::comm_api::*;
+use crate::stream_api::*;
+use crate::types::ampcclResult_t::{self, *};
+use crate::types::*;
+use crate::{ampcclGetUniqueId, ampcclGroupEnd, ampcclGroupStart};
 
 const F32: i32 = ampcclDataType_t::ampcclFloat32 as i32;
 const SUM: i32 = ampcclRedOp_t::ampcclSum as i32;
