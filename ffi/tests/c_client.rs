@@ -2,8 +2,8 @@
 //! `cc` against the checked-in header and the library cargo built next to this test binary,
 //! then runs it (and `tests/python/client.py` through ctypes) as several processes.
 //!
-//! The library is the `cdylib` of this crate: cargo builds it with the crate's tests, into
-//! `target/<profile>/deps/` beside this executable. The clients turn the hex id back into an
+//! The library is the `cdylib` of this crate, built by [`lib_dir`] (cargo builds no `cdylib`
+//! for integration tests). The clients turn the hex id back into an
 //! `ampcclUniqueId` with `ampcclUniqueIdFromString` and print it back with
 //! `ampcclUniqueIdToString`, so both extensions are covered.
 
@@ -11,19 +11,32 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Directory holding `libampccl.so` (this test executable's own directory, or its parent).
+/// Directory holding a fresh `libampccl.so`: cargo does not build a `cdylib` for integration
+/// tests, so this builds it (`cargo build -p ampccl-ffi`) into the target directory and profile
+/// of this test executable (`<target>/<profile>/deps/<test>`), once per test process.
 fn lib_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe.parent().expect("exe dir").to_path_buf();
-    for d in [
-        deps.clone(),
-        deps.parent().expect("profile dir").to_path_buf(),
-    ] {
-        if d.join("libampccl.so").exists() {
-            return d;
-        }
-    }
-    panic!("libampccl.so not found next to {}", exe.display());
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("current_exe");
+        let profile_dir = exe.parent().and_then(Path::parent).expect("profile dir");
+        let target = profile_dir.parent().expect("target dir");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => "test",
+            Some(p) => p,
+            None => panic!("no profile directory above {}", exe.display()),
+        };
+        let st = Command::new(env!("CARGO"))
+            .args(["build", "-p", "ampccl-ffi", "--lib", "--profile", profile])
+            .env("CARGO_TARGET_DIR", target)
+            .current_dir(crate_dir())
+            .status()
+            .expect("run cargo build");
+        assert!(st.success(), "cargo build -p ampccl-ffi failed");
+        let so = profile_dir.join("libampccl.so");
+        assert!(so.exists(), "{} missing after the build", so.display());
+        profile_dir.to_path_buf()
+    })
+    .clone()
 }
 
 fn crate_dir() -> &'static Path {
