@@ -218,6 +218,14 @@ pub(crate) fn make_call(
     Ok(Call { p, input, output })
 }
 
+/// A region of unknown length (C callers give no lengths): empty when `ptr` is null.
+fn unbounded(ptr: *mut u8) -> Region {
+    Region {
+        ptr,
+        len: if ptr.is_null() { 0 } else { usize::MAX },
+    }
+}
+
 /// One operation with C-style buffers: element counts and raw pointers (for the C ABI).
 #[derive(Clone, Copy, Debug)]
 pub struct RawOp {
@@ -244,10 +252,6 @@ impl Communicator {
     /// Each pointer must be valid for the operation's input (reads) or output (exclusive
     /// writes) size, as NCCL's count conventions define it, until the event completes.
     pub unsafe fn enqueue_raw(&self, stream: &Stream, ops: &[RawOp]) -> Result<Event> {
-        let unbounded = |ptr: *mut u8| Region {
-            ptr,
-            len: if ptr.is_null() { 0 } else { usize::MAX },
-        };
         let mut calls = ops
             .iter()
             .map(|o| {
@@ -261,6 +265,19 @@ impl Communicator {
             .collect::<Result<Vec<_>>>()?;
         // SAFETY: forwarded from the caller.
         unsafe { self.submit(stream, &mut calls) }
+    }
+
+    /// Checks `op` as [`Communicator::enqueue_raw`] would (arguments only; nothing is queued),
+    /// so that a caller deferring the submission (the C ABI's groups) reports argument errors
+    /// at the call that made them.
+    pub fn check_raw(&self, op: &RawOp) -> Result<()> {
+        let call = make_call(
+            self,
+            op.spec,
+            unbounded(op.send as *mut u8),
+            unbounded(op.recv),
+        )?;
+        crate::operator::for_kind(call.p.kind).validate(&call.p)
     }
 
     /// Marks the communicator failed when an operation failed while running.

@@ -1,0 +1,156 @@
+//! Drives the C and Python clients of `libampccl.so`: compiles `tests/c/collectives.c` with
+//! `cc` against the checked-in header and the library cargo built next to this test binary,
+//! then runs it (and `tests/python/client.py` through ctypes) as several processes.
+//!
+//! The library is the `cdylib` of this crate, built by [`lib_dir`] (cargo builds no `cdylib`
+//! for integration tests). The clients turn the hex id back into an
+//! `ampcclUniqueId` with `ampcclUniqueIdFromString` and print it back with
+//! `ampcclUniqueIdToString`, so both extensions are covered.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Directory holding a fresh `libampccl.so`: cargo does not build a `cdylib` for integration
+/// tests, so this builds it (`cargo build -p ampccl-ffi`) into the target directory and profile
+/// of this test executable (`<target>/<profile>/deps/<test>`), once per test process.
+fn lib_dir() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let exe = std::env::current_exe().expect("current_exe");
+        let profile_dir = exe.parent().and_then(Path::parent).expect("profile dir");
+        let target = profile_dir.parent().expect("target dir");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") => "test",
+            Some(p) => p,
+            None => panic!("no profile directory above {}", exe.display()),
+        };
+        let st = Command::new(env!("CARGO"))
+            .args(["build", "-p", "ampccl-ffi", "--lib", "--profile", profile])
+            .env("CARGO_TARGET_DIR", target)
+            .current_dir(crate_dir())
+            .status()
+            .expect("run cargo build");
+        assert!(st.success(), "cargo build -p ampccl-ffi failed");
+        let so = profile_dir.join("libampccl.so");
+        assert!(so.exists(), "{} missing after the build", so.display());
+        profile_dir.to_path_buf()
+    })
+    .clone()
+}
+
+fn crate_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A fresh unique id in hex (its rendezvous root runs in this process).
+fn unique_id_hex() -> String {
+    ampccl_native::UniqueId::generate()
+        .expect("unique id")
+        .to_hex()
+}
+
+/// Runs `cmd` as `world` ranks and fails unless every one exits with 0.
+fn launch(world: usize, cmd: &[&str], extra_env: &[(&str, String)]) {
+    let hex = unique_id_hex();
+    let mut children: Vec<_> = (0..world)
+        .map(|r| {
+            let mut c = Command::new(cmd[0]);
+            c.args(&cmd[1..])
+                .env("AMPCCL_UNIQUE_ID", &hex)
+                .env("RANK", r.to_string())
+                .env("WORLD_SIZE", world.to_string())
+                .env("AMPCCL_TIMEOUT_S", "60")
+                .env("AMPCCL_LOG", "error")
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            for (k, v) in extra_env {
+                c.env(k, v);
+            }
+            c.spawn().expect("spawn a rank")
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut failed = Vec::new();
+    for (r, child) in children.iter_mut().enumerate() {
+        loop {
+            if let Some(st) = child.try_wait().expect("wait") {
+                if !st.success() {
+                    failed.push((r, st));
+                }
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                failed.push((r, child.wait().expect("wait")));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let mut report = String::new();
+    for (r, child) in children.into_iter().enumerate() {
+        let out = child.wait_with_output().expect("output");
+        report += &format!(
+            "--- rank {r}\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert!(failed.is_empty(), "ranks failed: {failed:?}\n{report}");
+}
+
+/// Compiles the C client once per test process.
+fn c_client() -> PathBuf {
+    static EXE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    EXE.get_or_init(|| {
+        let lib = lib_dir();
+        let exe = std::env::temp_dir().join(format!("ampccl-c-client-{}", std::process::id()));
+        let st = Command::new("cc")
+            .args(["-std=c11", "-O1", "-Wall", "-Wextra", "-Werror", "-I"])
+            .arg(crate_dir().join("include"))
+            .arg(crate_dir().join("tests/c/collectives.c"))
+            .arg("-L")
+            .arg(&lib)
+            .arg("-lampccl")
+            .arg(format!("-Wl,-rpath,{}", lib.display()))
+            .arg("-o")
+            .arg(&exe)
+            .status()
+            .expect("run cc");
+        assert!(st.success(), "cc failed");
+        exe
+    })
+    .clone()
+}
+
+fn run_c(world: usize) {
+    let exe = c_client();
+    launch(world, &[exe.to_str().expect("utf-8 path")], &[]);
+}
+
+#[test]
+fn c_client_2_ranks() {
+    run_c(2);
+}
+
+#[test]
+fn c_client_3_ranks() {
+    run_c(3);
+}
+
+#[test]
+fn c_client_4_ranks() {
+    run_c(4);
+}
+
+#[test]
+fn python_client_2_ranks() {
+    let lib = lib_dir().join("libampccl.so");
+    let script = crate_dir().join("tests/python/client.py");
+    launch(
+        2,
+        &["python3", script.to_str().expect("utf-8 path")],
+        &[("AMPCCL_LIB", lib.display().to_string())],
+    );
+}
