@@ -101,3 +101,36 @@ pub fn launch(n: usize) -> Result<bool, String> {
     }
     Ok(ok)
 }
+
+/// Pins a rank started by `-g` to one CPU (rank modulo the CPUs this process may use), as MPI
+/// launchers do, so two lock-step ranks never share a core while another sits idle.
+/// `AMPCCL_PERF_PIN=0` turns it off.
+pub fn pin_if_launched() {
+    if std::env::var_os(CHILD_ENV).is_none()
+        || std::env::var("AMPCCL_PERF_PIN").as_deref() == Ok("0")
+    {
+        return;
+    }
+    let Some(rank) = std::env::var("RANK")
+        .ok()
+        .and_then(|r| r.parse::<usize>().ok())
+    else {
+        return;
+    };
+    // SAFETY: `cpu_set_t` is plain data; the calls get valid pointers and its exact size.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
+            return;
+        }
+        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+            .filter(|&c| libc::CPU_ISSET(c, &set))
+            .collect();
+        if cpus.is_empty() {
+            return;
+        }
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpus[rank % cpus.len()], &mut one);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one);
+    }
+}

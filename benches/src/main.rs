@@ -21,7 +21,10 @@ fn main() -> ExitCode {
     let args = cli::Args::parse();
     let result = match args.ranks {
         Some(n) if std::env::var_os(cli::CHILD_ENV).is_none() => cli::launch(n),
-        _ => sweep::run(&args),
+        _ => {
+            cli::pin_if_launched();
+            sweep::run(&args)
+        }
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

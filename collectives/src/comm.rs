@@ -112,6 +112,7 @@ impl Communicator {
         let dev = shm::connect(&boot, &shm_cfg)?;
         dev.set_op_formatter(OpParam::describe_record);
         let engine = Engine::new(dev.doorbell(), config.timeout);
+        engine.set_spin(config.spin.unwrap_or_else(|| default_spin(&boot)));
         let health_dev = dev.clone();
         engine.set_health_check(Box::new(move || health_dev.check_peers_failed()));
         let default_stream = engine.stream();
@@ -526,5 +527,21 @@ impl CommInner {
             tracing::error!("rank {}: {msg}", self.rank);
             self.dev.mark_failed(msg);
         }
+    }
+}
+
+/// Spinning only pays when every local rank has a core of its own; with more ranks on this host
+/// than CPUs this process may use, a spinning rank delays the peer that shares its core.
+fn default_spin(boot: &Bootstrap) -> std::time::Duration {
+    let local = boot
+        .host_ids()
+        .iter()
+        .filter(|h| **h == boot.host_id())
+        .count();
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if local > cpus {
+        std::time::Duration::ZERO
+    } else {
+        ampccl_runtime::engine::DEFAULT_SPIN
     }
 }

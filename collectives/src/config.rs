@@ -7,6 +7,7 @@
 //! | `AMPCCL_SHM_CMA` | 1 | use cross-memory attach when the kernel permits |
 //! | `AMPCCL_TRANSPORT` | (probe) | force a transport provider (`shm`) |
 //! | `AMPCCL_ALGO_<OP>` | (select) | force an algorithm, e.g. `AMPCCL_ALGO_ALLREDUCE=AllReduceRing` |
+//! | `AMPCCL_SPIN_US` | 5, or 0 when a host has more ranks than CPUs | µs an idle rank busy-waits before yielding its core |
 //! | `AMPCCL_LOG` | `warn` | log filter (`tracing` env-filter syntax) |
 
 use std::collections::HashMap;
@@ -28,6 +29,8 @@ pub struct Config {
     pub forced: HashMap<OpKind, String>,
     /// Clear-to-send FIFO depth.
     pub fifo_depth: usize,
+    /// Busy-wait before yielding; `None`: decided from ranks per host and CPUs.
+    pub spin: Option<Duration>,
 }
 
 impl Default for Config {
@@ -39,6 +42,7 @@ impl Default for Config {
             transport: None,
             forced: HashMap::new(),
             fifo_depth: 256,
+            spin: None,
         }
     }
 }
@@ -76,6 +80,17 @@ impl Config {
                 )));
             }
             c.buffsize = b;
+        }
+        if let Some(v) = get("AMPCCL_SPIN_US") {
+            let us = v
+                .trim()
+                .parse::<f64>()
+                .ok()
+                .filter(|x| x.is_finite() && *x >= 0.0);
+            let us = us.ok_or_else(|| {
+                Error::InvalidArgument(format!("AMPCCL_SPIN_US={v:?} is not a number >= 0"))
+            })?;
+            c.spin = Some(Duration::from_secs_f64(us / 1e6));
         }
         if let Some(v) = get("AMPCCL_SHM_CMA") {
             c.allow_cma = v.trim() != "0";

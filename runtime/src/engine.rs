@@ -19,11 +19,12 @@ use std::sync::{Arc, OnceLock};
 
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, spin_hint};
 
-/// How long an idle driver spins, then yields its core, before it sleeps on the doorbell.
-/// Sleeping costs a futex wake-up (tens of µs) on the next message, so ranks that wait for each
-/// other in lock step must not fall asleep between operations; yielding keeps an
-/// oversubscribed machine (more ranks than cores) usable meanwhile.
-const SPIN: Duration = Duration::from_micros(20);
+/// How long an idle driver spins (by default), then yields its core, before it sleeps on the
+/// doorbell. Sleeping costs a futex wake-up (tens of µs) on the next message, so ranks that
+/// wait for each other in lock step must not fall asleep between operations; yielding keeps an
+/// oversubscribed machine (more ranks than cores) usable meanwhile — there the spin phase
+/// only delays the peer that shares our core, and [`Engine::set_spin`] turns it off.
+pub const DEFAULT_SPIN: Duration = Duration::from_micros(5);
 const YIELD: Duration = Duration::from_millis(2);
 /// Longest sleep of an idle driver (bounds how late timeouts and health checks run).
 const MAX_SLEEP: Duration = Duration::from_millis(20);
@@ -39,6 +40,8 @@ pub(crate) struct EngineInner {
     pub(crate) pending: AtomicU64,
     /// Threads blocked in a wait (the background thread stands back while > 0).
     waiters: AtomicUsize,
+    /// Busy-spin phase of idle drivers, in nanoseconds.
+    spin_ns: AtomicU64,
     timeout: Duration,
     abort: Mutex<Option<Error>>,
     aborted: AtomicBool,
@@ -63,6 +66,7 @@ impl Engine {
                 bell,
                 pending: AtomicU64::new(0),
                 waiters: AtomicUsize::new(0),
+                spin_ns: AtomicU64::new(DEFAULT_SPIN.as_nanos() as u64),
                 timeout,
                 abort: Mutex::new(None),
                 aborted: AtomicBool::new(false),
@@ -93,6 +97,15 @@ impl Engine {
     /// The doorbell peers ring to wake this engine.
     pub fn doorbell(&self) -> &Doorbell {
         &self.inner.bell
+    }
+
+    /// Sets how long idle drivers spin before they yield (zero: yield at once, for
+    /// oversubscribed machines).
+    pub fn set_spin(&self, spin: Duration) {
+        self.inner.spin_ns.store(
+            spin.as_nanos().min(u64::MAX as u128) as u64,
+            Ordering::Relaxed,
+        );
     }
 
     /// Installs a check run on every progress pass; an error aborts the engine with it.
@@ -182,21 +195,21 @@ impl EngineInner {
 
     pub(crate) fn wait_until<T>(&self, mut done: impl FnMut() -> Option<T>) -> T {
         self.waiters.fetch_add(1, Ordering::AcqRel);
-        let mut backoff = Backoff::default();
+        let mut backoff = Backoff::new(self.spin());
         let out = loop {
             let progressed = self.try_progress();
             if let Some(r) = done() {
                 break r;
             }
             if progressed {
-                backoff = Backoff::default();
+                backoff = Backoff::new(self.spin());
             } else if backoff.pause() {
                 // Read the doorbell only now (peers ring it on every message; reading it in
                 // the hot loop would bounce its cache line), then look once more: anything
                 // that arrives after this read rings it and ends the sleep.
                 let seen = self.bell.seq();
                 if self.try_progress() {
-                    backoff = Backoff::default();
+                    backoff = Backoff::new(self.spin());
                     continue;
                 }
                 if let Some(r) = done() {
@@ -207,6 +220,10 @@ impl EngineInner {
         };
         self.waiters.fetch_sub(1, Ordering::AcqRel);
         out
+    }
+
+    fn spin(&self) -> Duration {
+        Duration::from_nanos(self.spin_ns.load(Ordering::Relaxed))
     }
 
     pub(crate) fn register_waker(self: &Arc<Self>, waker: &Waker) {
@@ -244,7 +261,7 @@ impl EngineInner {
 
     #[cfg(not(ampccl_loom))]
     fn background_loop(self: Arc<Self>) {
-        let mut backoff = Backoff::default();
+        let mut backoff = Backoff::new(self.spin());
         while !self.stop.load(Ordering::Acquire) {
             let seen = self.bell.seq();
             let work =
@@ -254,7 +271,7 @@ impl EngineInner {
                 continue;
             }
             if self.try_progress() {
-                backoff = Backoff::default();
+                backoff = Backoff::new(self.spin());
             } else if backoff.pause() {
                 backoff.sleep(&self.bell, seen);
             }
@@ -273,26 +290,35 @@ impl EngineInner {
 }
 
 /// Back-off of an idle driver: spin, then yield, then sleep on the doorbell until rung.
-#[derive(Default)]
 struct Backoff {
+    spin: Duration,
     polls: u32,
     since: Option<Instant>,
     naps: u32,
 }
 
 impl Backoff {
+    fn new(spin: Duration) -> Backoff {
+        Backoff {
+            spin,
+            polls: 0,
+            since: None,
+            naps: 0,
+        }
+    }
+
     /// Idle polls before the clock is read at all (a poll costs far less than a clock read).
     const FREE_SPINS: u32 = 64;
 
     /// Spins or yields; returns true once the driver has been idle long enough to sleep.
     fn pause(&mut self) -> bool {
         self.polls = self.polls.saturating_add(1);
-        if self.polls < Self::FREE_SPINS {
+        if self.polls < Self::FREE_SPINS && !self.spin.is_zero() {
             spin_hint();
             return false;
         }
         let idle = self.since.get_or_insert_with(Instant::now).elapsed();
-        if idle < SPIN {
+        if idle < self.spin {
             spin_hint();
         } else if idle < YIELD {
             crate::sync::thread::yield_now();
