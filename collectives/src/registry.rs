@@ -81,3 +81,63 @@ impl std::fmt::Display for Registry {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtins_cover_every_kind_and_duplicates_are_refused() {
+        let mut r = Registry::builtin();
+        for kind in OpKind::ALL {
+            assert!(
+                r.list().any(|e| e.kind == kind),
+                "no algorithm for {}",
+                kind.name()
+            );
+        }
+        let ring = r.get("AllReduceRing").expect("built in").executor.clone();
+        let err = r
+            .register("AllReduceRing", OpKind::AllReduce, ring.clone())
+            .unwrap_err();
+        assert!(matches!(err, Error::InvalidUsage(ref m) if m.contains("already registered")));
+        r.register("MyRing", OpKind::AllReduce, ring).unwrap();
+        assert_eq!(r.get("MyRing").map(|e| e.kind), Some(OpKind::AllReduce));
+        assert!(r.to_string().contains("MyRing"));
+    }
+
+    #[test]
+    fn every_operator_selection_is_registered() {
+        use crate::executor::SelectCtx;
+        use crate::op::OpParam;
+        let r = Registry::builtin();
+        for kind in OpKind::ALL {
+            for count in [0usize, 1, 1000, 1 << 20] {
+                for world in 1..=8 {
+                    let p = OpParam {
+                        kind,
+                        count,
+                        dtype: ampccl_runtime::DataType::F32,
+                        op: ampccl_runtime::ReduceOp::Sum,
+                        root: 0,
+                        rank: 0,
+                        world,
+                        in_place: false,
+                        seq: 0,
+                    };
+                    for user_mem_links in [false, true] {
+                        let ctx = SelectCtx {
+                            ccl_size: 4 << 20,
+                            user_mem_links,
+                        };
+                        let (name, _) = crate::operator::for_kind(kind).select_alg(&p, &ctx);
+                        let e = r
+                            .get(name)
+                            .unwrap_or_else(|| panic!("{name} not registered"));
+                        assert_eq!(e.kind, kind);
+                    }
+                }
+            }
+        }
+    }
+}
