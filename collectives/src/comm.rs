@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
-use ampccl_runtime::engine::Engine;
+use ampccl_runtime::engine::{DEFAULT_SPIN, Engine};
 use ampccl_runtime::mem::HostBuffer;
 use ampccl_runtime::notify::Notify;
 use ampccl_runtime::stream::{Event, Stream};
@@ -51,6 +52,8 @@ pub(crate) struct CommInner {
     group_streams: Mutex<Vec<Stream>>,
     seq: AtomicU64,
     failed: AtomicBool,
+    /// See [`SelectCtx::oversubscribed`].
+    oversubscribed: bool,
     splits: AtomicU64,
 }
 
@@ -112,7 +115,15 @@ impl Communicator {
         let dev = shm::connect(&boot, &shm_cfg)?;
         dev.set_op_formatter(OpParam::describe_record);
         let engine = Engine::new(dev.doorbell(), config.timeout);
-        engine.set_spin(config.spin.unwrap_or_else(|| default_spin(&boot)));
+        // Spinning only pays when every local rank has a core of its own: otherwise a spinning
+        // rank delays the peer that shares its core.
+        let oversubscribed = oversubscribed(&boot);
+        let default_spin = if oversubscribed {
+            Duration::ZERO
+        } else {
+            DEFAULT_SPIN
+        };
+        engine.set_spin(config.spin.unwrap_or(default_spin));
         let health_dev = dev.clone();
         engine.set_health_check(Box::new(move || health_dev.check_peers_failed()));
         let default_stream = engine.stream();
@@ -136,6 +147,7 @@ impl Communicator {
                 group_streams: Mutex::new(Vec::new()),
                 seq: AtomicU64::new(0),
                 failed: AtomicBool::new(false),
+                oversubscribed,
                 splits: AtomicU64::new(0),
             }),
         })
@@ -450,6 +462,7 @@ impl CommInner {
         let ctx = SelectCtx {
             ccl_size: self.config.buffsize,
             user_mem_links: self.dev.uses_cma(),
+            oversubscribed: self.oversubscribed,
         };
         let (entry, new_tag) = self.select(p, operator::for_kind(p.kind), &ctx)?;
         let res = self.resources(entry, new_tag, p)?;
@@ -530,18 +543,12 @@ impl CommInner {
     }
 }
 
-/// Spinning only pays when every local rank has a core of its own; with more ranks on this host
-/// than CPUs this process may use, a spinning rank delays the peer that shares its core.
-fn default_spin(boot: &Bootstrap) -> std::time::Duration {
+/// Whether this host runs more ranks of the communicator than this process has CPUs.
+fn oversubscribed(boot: &Bootstrap) -> bool {
     let local = boot
         .host_ids()
         .iter()
         .filter(|h| **h == boot.host_id())
         .count();
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if local > cpus {
-        std::time::Duration::ZERO
-    } else {
-        ampccl_runtime::engine::DEFAULT_SPIN
-    }
+    local > std::thread::available_parallelism().map_or(1, |n| n.get())
 }

@@ -28,6 +28,9 @@ pub struct SelectCtx {
     pub ccl_size: usize,
     /// Peers can receive straight into user memory.
     pub user_mem_links: bool,
+    /// More ranks on this host than CPUs: every step that waits for a peer costs a context
+    /// switch, so algorithms with fewer steps win for longer.
+    pub oversubscribed: bool,
 }
 
 /// One per collective: validates and selects the algorithm.

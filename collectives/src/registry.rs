@@ -129,6 +129,7 @@ mod tests {
                         let ctx = SelectCtx {
                             ccl_size: 4 << 20,
                             user_mem_links,
+                            oversubscribed: world > 2,
                         };
                         let (name, _) = crate::operator::for_kind(kind).select_alg(&p, &ctx);
                         let e = r

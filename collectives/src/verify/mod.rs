@@ -210,6 +210,7 @@ pub fn selection(param: &OpParam, cfg: &VerifyConfig) -> &'static str {
     let ctx = SelectCtx {
         ccl_size: cfg.ccl_size,
         user_mem_links: cfg.user_mem_links,
+        oversubscribed: false,
     };
     operator::for_kind(param.kind).select_alg(param, &ctx).0
 }
