@@ -1,21 +1,29 @@
 #!/usr/bin/env python3
-"""Side-by-side allreduce sweep: ampccl-perf vs Intel MPI's IMB-MPI1, alternated in one run.
+"""Side-by-side sweep: ampccl-perf vs Intel MPI's IMB-MPI1, alternated in one run.
 
-Runs both ROUNDS times (A, B, A, B, ...), 2 ranks (or NRANKS), f32 sum, 8 B .. 64 MiB, and
+Runs both ROUNDS times (A, B, A, B, ...), 2 ranks (or NRANKS), f32 (sum), 8 B .. 64 MiB, and
 prints a markdown table of the medians: time (us) and algbw (GB/s) of each, and the ratio.
 Needs ../shared/peers/install.sh (Intel MPI under $PEERS_HOME, default ~/.cache/ampccl-peers)
 and a release build of ampccl-perf.
 
-    python3 benches/scripts/compare_impi.py [--rounds 5] [--ranks 2]
+    python3 benches/scripts/compare_impi.py [--rounds 5] [--ranks 2] [--op allreduce]
+
+--op: allreduce, allgather, reducescatter, broadcast. Sizes are nccl-tests' (the larger buffer:
+the gathered output of allgather, the input of reducescatter); IMB's Allgather message is one
+rank's block, so its rows are matched at `size / ranks`.
 """
 import argparse, os, statistics, subprocess, sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_ampccl(ranks):
+IMB = {"allreduce": "Allreduce", "allgather": "Allgather", "reducescatter": "Reduce_scatter",
+       "broadcast": "Bcast"}
+
+
+def run_ampccl(ranks, op):
     exe = os.path.join(ROOT, "target", "release", "ampccl-perf")
-    out = subprocess.run([exe, "-g", str(ranks), "-b", "8", "-e", "64M", "-f", "2", "-n", "40", "-w", "10"],
+    out = subprocess.run([exe, "-o", op, "-g", str(ranks), "-b", "8", "-e", "64M", "-f", "2", "-n", "40", "-w", "10"],
                          check=True, capture_output=True, text=True).stdout
     res = {}
     for line in out.splitlines():
@@ -25,17 +33,18 @@ def run_ampccl(ranks):
     return res
 
 
-def run_impi(ranks):
+def run_impi(ranks, op):
     peers = os.environ.get("PEERS_HOME", os.path.expanduser("~/.cache/ampccl-peers"))
     impi = os.path.join(peers, "impi")
     env = dict(os.environ, PATH=f"{impi}/bin:" + os.environ["PATH"], LD_LIBRARY_PATH=f"{impi}/lib", I_MPI_ROOT=impi)
-    out = subprocess.run(["mpirun", "-n", str(ranks), "IMB-MPI1", "Allreduce", "-msglog", "3:26", "-iter", "200", "-time", "20"],
+    out = subprocess.run(["mpirun", "-n", str(ranks), "IMB-MPI1", IMB[op], "-msglog", "0:26", "-iter", "200", "-time", "20"],
                          check=True, capture_output=True, text=True, env=env).stdout
+    per_rank = ranks if op == "allgather" else 1
     res = {}
     for line in out.splitlines():
         f = line.split()
         if len(f) == 5 and f[0].isdigit() and int(f[0]) > 0:
-            res[int(f[0])] = float(f[4])  # t_avg (us)
+            res[int(f[0]) * per_rank] = float(f[4])  # t_avg (us), keyed by nccl-tests size
     return res
 
 
@@ -43,14 +52,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--op", default="allreduce", choices=sorted(IMB))
     a = ap.parse_args()
     amp, imp = [], []
     for i in range(a.rounds):
         print(f"round {i + 1}/{a.rounds}", file=sys.stderr)
-        amp.append(run_ampccl(a.ranks))
-        imp.append(run_impi(a.ranks))
+        amp.append(run_ampccl(a.ranks, a.op))
+        imp.append(run_impi(a.ranks, a.op))
     sizes = sorted(set(amp[0]) & set(imp[0]))
-    print(f"{a.ranks} ranks, f32 sum allreduce, medians of {a.rounds} alternated runs\n")
+    print(f"{a.ranks} ranks, f32 {a.op}, medians of {a.rounds} alternated runs\n")
     print("| bytes | ampccl (us) | Intel MPI (us) | ampccl algbw (GB/s) | Intel MPI algbw (GB/s) | ampccl / Intel MPI speed |")
     print("|---:|---:|---:|---:|---:|---:|")
     for s in sizes:
