@@ -169,7 +169,17 @@ impl EngineInner {
         }
         let mut finished = 0;
         for s in streams.iter() {
-            finished += s.advance(self.timeout).0;
+            let (n, failed) = s.advance(self.timeout);
+            finished += n;
+            if failed && tracing::enabled!(tracing::Level::DEBUG) {
+                // What every other stream was waiting for: the cause of a timeout is often
+                // another stream's stuck task.
+                for (i, other) in streams.iter().enumerate() {
+                    if let Some(head) = other.head() {
+                        tracing::debug!("stream {i} waits on {head}");
+                    }
+                }
+            }
         }
         drop(streams);
         self.finished(finished);

@@ -137,6 +137,11 @@ impl StreamInner {
         dropped
     }
 
+    /// Description of the task at the head of the queue, if any.
+    pub(crate) fn head(&self) -> Option<String> {
+        lock(&self.queue).front().map(|q| format!("{:?}", q.task))
+    }
+
     /// `Some(result)` once every task up to position `seq` has finished.
     fn status(&self, seq: u64) -> Option<Result<()>> {
         if self.completed.load(Ordering::Acquire) < seq {

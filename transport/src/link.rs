@@ -15,7 +15,7 @@ use ampccl_runtime::stream::Stream;
 use ampccl_runtime::task::{LinkDriver, LinkOp, Task};
 
 use crate::device::RmaDevice;
-use crate::protocol;
+use crate::protocol::{self, SlotTracker};
 
 /// Issue-order counters of one direction of a link.
 #[derive(Default)]
@@ -34,15 +34,17 @@ pub struct Link {
     rx: Counters,
     tx_acks: AtomicU32,
     rx_acks: AtomicU32,
-    /// Receives completed (frees FIFO slots); updated by the driver.
-    rx_completed: AtomicU32,
-    /// Sends completed.
-    tx_completed: AtomicU32,
+    /// Receives completed, per FIFO slot (frees slots; receives on different streams may
+    /// complete out of order).
+    rx_done: SlotTracker,
+    /// Sends completed, per slot.
+    tx_done: SlotTracker,
 }
 
 impl Link {
     /// A link to `peer`.
     pub fn new(dev: Arc<dyn RmaDevice>, peer: usize) -> Arc<Link> {
+        let depth = dev.fifo_depth();
         Arc::new(Link {
             dev,
             peer,
@@ -50,8 +52,8 @@ impl Link {
             rx: Counters::default(),
             tx_acks: AtomicU32::new(0),
             rx_acks: AtomicU32::new(0),
-            rx_completed: AtomicU32::new(0),
-            tx_completed: AtomicU32::new(0),
+            rx_done: SlotTracker::new(depth),
+            tx_done: SlotTracker::new(depth),
         })
     }
 
@@ -140,16 +142,6 @@ impl Link {
     }
 }
 
-/// Raises `counter` to `to` unless it is already there or beyond (wrapping order). Operations
-/// of one link may complete out of issue order when they run on different streams (the
-/// members of a group): a plain store could move the counter back and leave a waiter on a
-/// later operation pending forever.
-fn advance(counter: &AtomicU32, to: u32) {
-    let _ = counter.fetch_update(Ordering::Release, Ordering::Acquire, |cur| {
-        ((to.wrapping_sub(cur) as i32) > 0).then_some(to)
-    });
-}
-
 impl LinkDriver for Link {
     fn poll_op(&self, op: &mut LinkOp) -> Poll<Result<()>> {
         let dev = &*self.dev;
@@ -163,8 +155,8 @@ impl LinkDriver for Link {
                 }
             }
             LinkOp::RxAsync { seq, dst, len, tag } => {
-                let done = self.rx_completed.load(Ordering::Acquire);
-                protocol::post_recv(dev, self.peer, seq, done, dst, len, tag)
+                let free = self.rx_done.is_free(seq);
+                protocol::post_recv(dev, self.peer, seq, free, dst, len, tag)
             }
             LinkOp::TxAsync { seq, src, len, tag } => {
                 // SAFETY: `src` valid by the `tx_async` contract.
@@ -172,13 +164,12 @@ impl LinkDriver for Link {
                 if r.is_ready() {
                     // Device writes are complete once issued (shared memory); a device with
                     // asynchronous completions would advance this from its completion queue.
-                    advance(&self.tx_completed, seq.wrapping_add(1));
+                    self.tx_done.complete(seq);
                 }
                 r
             }
             LinkOp::TxWaitDone { seq } => {
-                let done = self.tx_completed.load(Ordering::Acquire);
-                if (done.wrapping_sub(seq.wrapping_add(1)) as i32) >= 0 {
+                if self.tx_done.is_done(seq) {
                     Poll::Ready(Ok(()))
                 } else {
                     Poll::Pending
@@ -187,7 +178,7 @@ impl LinkDriver for Link {
             LinkOp::RxWaitDone { seq, len } => {
                 let r = protocol::poll_recv(dev, self.peer, seq, len);
                 if r.is_ready() {
-                    advance(&self.rx_completed, seq.wrapping_add(1));
+                    self.rx_done.complete(seq);
                 }
                 r
             }
@@ -200,23 +191,5 @@ impl LinkDriver for Link {
 
     fn peer_desc(&self) -> String {
         self.dev.peer_desc(self.peer)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn completion_counters_never_move_back() {
-        let c = AtomicU32::new(0);
-        advance(&c, 4);
-        advance(&c, 2);
-        assert_eq!(c.load(Ordering::Relaxed), 4);
-        advance(&c, 5);
-        assert_eq!(c.load(Ordering::Relaxed), 5);
-        let w = AtomicU32::new(u32::MAX);
-        advance(&w, 1);
-        assert_eq!(w.load(Ordering::Relaxed), 1);
     }
 }

@@ -13,6 +13,7 @@
 //! Every step is a non-blocking poll returning `Pending` until it can act, so the same code runs
 //! under the stream engine, in unit tests against an in-memory device, and under loom.
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::Poll;
 
 use ampccl_runtime::{Error, Result};
@@ -26,19 +27,22 @@ fn idx_of(seq: u32) -> u32 {
     seq.wrapping_add(1) & SEQ_MASK
 }
 
-/// Posts receive `seq` for `len` bytes at `dst`, once `completed` receives (from this peer)
-/// leave its FIFO slot free.
+/// Posts receive `seq` for `len` bytes at `dst` once `slot_free`: receive `seq - depth`, the
+/// previous user of slot `seq % depth` (its CTS entry and its completion slot), has completed.
+/// The caller tracks that per slot (see [`SlotTracker`]): receives on different streams may
+/// complete out of order, so a count or a maximum of completed receives is not enough.
+#[allow(clippy::too_many_arguments)]
 pub fn post_recv(
     dev: &dyn RmaDevice,
     peer: usize,
     seq: u32,
-    completed: u32,
+    slot_free: bool,
     dst: *mut u8,
     len: usize,
     tag: u32,
 ) -> Poll<Result<()>> {
     let depth = dev.fifo_depth() as u32;
-    if seq.wrapping_sub(completed) >= depth {
+    if !slot_free {
         return Poll::Pending;
     }
     // A zero-length receive names no memory (the sender writes nothing, only the immediate),
@@ -63,6 +67,59 @@ pub fn post_recv(
         idx: idx_of(seq),
     };
     Poll::Ready(dev.post_cts(peer, (seq % depth) as usize, &entry))
+}
+
+/// Per-slot completion record of one direction of a link: operation `seq` may reuse slot
+/// `seq % depth` once operation `seq - depth` completed, and "operation `seq` completed" is
+/// known exactly — whatever order operations on different streams complete in.
+pub struct SlotTracker {
+    /// `done[s]`: sequence number + 1 of the latest completed operation in slot `s`.
+    done: Box<[AtomicU32]>,
+}
+
+impl SlotTracker {
+    /// A tracker for `depth` slots, every slot free.
+    pub fn new(depth: usize) -> SlotTracker {
+        let d = depth as u32;
+        // As if operation `s - depth` (wrapping) had completed in every slot `s`.
+        let done = (0..d)
+            .map(|s| AtomicU32::new(s.wrapping_sub(d).wrapping_add(1)))
+            .collect();
+        SlotTracker { done }
+    }
+
+    fn slot(&self, seq: u32) -> &AtomicU32 {
+        &self.done[seq as usize % self.done.len()]
+    }
+
+    /// Records that operation `seq` completed.
+    pub fn complete(&self, seq: u32) {
+        raise(self.slot(seq), seq.wrapping_add(1));
+    }
+
+    /// Whether operation `seq` completed.
+    pub fn is_done(&self, seq: u32) -> bool {
+        at_least(self.slot(seq).load(Ordering::Acquire), seq.wrapping_add(1))
+    }
+
+    /// Whether operation `seq` may use its slot (its predecessor there completed).
+    pub fn is_free(&self, seq: u32) -> bool {
+        let prev = seq.wrapping_sub(self.done.len() as u32);
+        at_least(self.slot(seq).load(Ordering::Acquire), prev.wrapping_add(1))
+    }
+}
+
+/// `a >= b` for sequence numbers that may wrap.
+fn at_least(a: u32, b: u32) -> bool {
+    (a.wrapping_sub(b) as i32) >= 0
+}
+
+/// Raises `counter` to `to` unless it is already there or beyond (wrapping order): a late
+/// record of an older operation must not move a slot back.
+fn raise(counter: &AtomicU32, to: u32) {
+    let _ = counter.fetch_update(Ordering::Release, Ordering::Acquire, |cur| {
+        (!at_least(cur, to)).then_some(to)
+    });
 }
 
 /// Smallest piece a transfer is striped into.
@@ -164,7 +221,7 @@ pub(crate) mod tests {
         assert!(unsafe { try_send(&a, 1, 0, src.as_ptr(), 300, 7) }.is_pending());
         assert!(poll_recv(&b, 0, 0, 300).is_pending());
         let dst = b.window_ptr(100);
-        ready(post_recv(&b, 0, 0, 0, dst, 300, 7)).unwrap();
+        ready(post_recv(&b, 0, 0, true, dst, 300, 7)).unwrap();
         // SAFETY: src is valid.
         ready(unsafe { try_send(&a, 1, 0, src.as_ptr(), 300, 7) }).unwrap();
         ready(poll_recv(&b, 0, 0, 300)).unwrap();
@@ -174,18 +231,20 @@ pub(crate) mod tests {
     #[test]
     fn fifo_flow_control_and_wraparound() {
         let (a, b) = PairDevice::pair(4, 4096);
+        let t = SlotTracker::new(4);
         let mut completed = 0u32;
         for seq in 0..20u32 {
             let dst = b.window_ptr((seq as usize % 4) * 8);
             if seq >= 4 {
                 // The slot of receive seq - 4 is still in use until that receive completes.
-                assert!(post_recv(&b, 0, seq, seq - 4, dst, 8, 1).is_pending());
+                assert!(post_recv(&b, 0, seq, t.is_free(seq), dst, 8, 1).is_pending());
             }
             while seq.wrapping_sub(completed) >= 4 {
                 ready(poll_recv(&b, 0, completed, 8)).unwrap();
+                t.complete(completed);
                 completed += 1;
             }
-            ready(post_recv(&b, 0, seq, completed, dst, 8, 1)).unwrap();
+            ready(post_recv(&b, 0, seq, t.is_free(seq), dst, 8, 1)).unwrap();
             let data = [seq as u8; 8];
             // SAFETY: data is valid.
             ready(unsafe { try_send(&a, 1, seq, data.as_ptr(), 8, 1) }).unwrap();
@@ -198,10 +257,33 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn slots_free_exactly_when_their_predecessor_completed() {
+        let t = SlotTracker::new(4);
+        assert!((0..4).all(|s| t.is_free(s)));
+        assert!(!t.is_free(4) && !t.is_done(0));
+        // Out of order: 3 completes first; slot 3 frees for 7, slot 0 stays taken.
+        t.complete(3);
+        assert!(t.is_done(3) && !t.is_done(0));
+        assert!(t.is_free(7) && !t.is_free(4));
+        t.complete(0);
+        assert!(t.is_free(4));
+        // A late record of an older operation does not move a slot back.
+        t.complete(4);
+        t.complete(0);
+        assert!(t.is_done(4) && t.is_free(8));
+        // Wrapping sequence numbers.
+        let w = SlotTracker::new(4);
+        for seq in (u32::MAX - 5)..=u32::MAX {
+            w.complete(seq);
+        }
+        assert!(w.is_free(u32::MAX.wrapping_add(4)));
+    }
+
+    #[test]
     fn tag_or_size_mismatch_fails_both_sides() {
         let (a, b) = PairDevice::pair(4, 4096);
         let dst = b.window_ptr(0);
-        ready(post_recv(&b, 0, 0, 0, dst, 16, 1)).unwrap();
+        ready(post_recv(&b, 0, 0, true, dst, 16, 1)).unwrap();
         let data = [0u8; 16];
         // SAFETY: data is valid.
         let e = ready(unsafe { try_send(&a, 1, 0, data.as_ptr(), 16, 2) }).unwrap_err();
@@ -212,7 +294,7 @@ pub(crate) mod tests {
         let e = ready(poll_recv(&b, 0, 0, 16)).unwrap_err();
         assert!(matches!(e, Error::Remote(_)), "{e}");
 
-        ready(post_recv(&b, 0, 1, 1, dst, 16, 1)).unwrap();
+        ready(post_recv(&b, 0, 1, true, dst, 16, 1)).unwrap();
         // SAFETY: data is valid.
         let e = ready(unsafe { try_send(&a, 1, 1, data.as_ptr(), 8, 1) }).unwrap_err();
         assert!(
@@ -225,13 +307,13 @@ pub(crate) mod tests {
     fn zero_length_messages_match_and_mismatch() {
         let (a, b) = PairDevice::pair(4, 64);
         // An empty receive buffer may be null (an empty user slice) and outside any window.
-        ready(post_recv(&b, 0, 0, 0, std::ptr::null_mut(), 0, 1)).unwrap();
+        ready(post_recv(&b, 0, 0, true, std::ptr::null_mut(), 0, 1)).unwrap();
         // SAFETY: zero bytes are read.
         ready(unsafe { try_send(&a, 1, 0, std::ptr::null(), 0, 1) }).unwrap();
         ready(poll_recv(&b, 0, 0, 0)).unwrap();
         // 0 bytes against a receive of 8: the sender refuses, the receiver learns it.
         let dst = b.window_ptr(0);
-        ready(post_recv(&b, 0, 1, 1, dst, 8, 1)).unwrap();
+        ready(post_recv(&b, 0, 1, true, dst, 8, 1)).unwrap();
         // SAFETY: zero bytes are read.
         let e = ready(unsafe { try_send(&a, 1, 1, std::ptr::null(), 0, 1) }).unwrap_err();
         assert!(matches!(e, Error::InvalidUsage(_)), "{e}");
@@ -242,7 +324,7 @@ pub(crate) mod tests {
     fn unregistered_receive_buffer_is_refused() {
         let (_a, b) = PairDevice::pair(4, 64);
         let mut private = [0u8; 8];
-        let e = ready(post_recv(&b, 0, 0, 0, private.as_mut_ptr(), 8, 1)).unwrap_err();
+        let e = ready(post_recv(&b, 0, 0, true, private.as_mut_ptr(), 8, 1)).unwrap_err();
         assert!(matches!(e, Error::Internal(_)));
     }
 }

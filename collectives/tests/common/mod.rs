@@ -10,7 +10,7 @@ use ampccl::{Communicator, Config, UniqueId};
 /// The test configuration: small CCL buffers (64 KiB) so chunking is exercised.
 pub fn test_config() -> Config {
     Config {
-        timeout: Duration::from_secs(30),
+        timeout: Duration::from_secs(15),
         buffsize: 64 * 1024,
         ..Config::default()
     }
