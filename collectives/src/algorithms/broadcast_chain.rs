@@ -21,7 +21,7 @@ use ampccl_runtime::Result;
 use crate::executor::Executor;
 use crate::op::OpParam;
 use crate::resource::{AlgResourceRequest, AlgResourceResponse};
-use crate::steps::pipe::{self, Chain, Deliver, Pipe, Slots};
+use crate::steps::pipe::{self, Chain, Deliver};
 
 /// Largest message received straight into user memory when links allow it.
 pub const DIRECT_MAX_BYTES: usize = 256 * 1024;
@@ -34,23 +34,12 @@ impl Executor for BroadcastChain {
     }
 
     fn orchestrate(&self, p: &OpParam, res: &mut AlgResourceResponse<'_>) -> Result<()> {
-        let bytes = p.count * p.elem();
-        if p.world == 1 {
-            return pipe::copy_through(p, res, bytes);
-        }
-        let chain = Chain::new(p);
-        let (from, to) = chain.from_root();
-        let pipe = Pipe {
-            from,
-            to,
-            handshake: false,
-            slots: Slots::new(res.ccl_in_size, p.elem()),
-        };
+        let (from, to) = Chain::new(p).from_root();
         let mut stage = Deliver {
             head: from.is_none(),
             keep: true,
-            direct: res.user_mem_links && bytes <= DIRECT_MAX_BYTES,
+            direct: res.user_mem_links && p.count * p.elem() <= DIRECT_MAX_BYTES,
         };
-        pipe::relay(res, &pipe, &pipe.slots.chunks(bytes, false), &mut stage)
+        pipe::run_chain(p, res, (from, to), &mut stage)
     }
 }

@@ -16,7 +16,7 @@ use ampccl_runtime::{ReduceOp, Result};
 use crate::executor::Executor;
 use crate::op::OpParam;
 use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, MAIN, Mem};
-use crate::steps::pipe::{self, Chain, Pipe, Slots, Stage};
+use crate::steps::pipe::{self, Chain, Stage};
 
 pub struct ReduceChain;
 
@@ -69,24 +69,13 @@ impl Executor for ReduceChain {
     }
 
     fn orchestrate(&self, p: &OpParam, res: &mut AlgResourceResponse<'_>) -> Result<()> {
-        let bytes = p.count * p.elem();
-        if p.world == 1 {
-            // Avg over one rank is the value itself.
-            return pipe::copy_through(p, res, bytes);
-        }
-        let chain = Chain::new(p);
-        let (from, to) = chain.to_root();
-        let pipe = Pipe {
-            from,
-            to,
-            handshake: false,
-            slots: Slots::new(res.ccl_in_size, p.elem()),
-        };
+        // On one rank Avg is the value itself: `run_chain` copies.
+        let (from, to) = Chain::new(p).to_root();
         let mut stage = Combine {
             p,
             head: from.is_none(),
             root: to.is_none(),
         };
-        pipe::relay(res, &pipe, &pipe.slots.chunks(bytes, false), &mut stage)
+        pipe::run_chain(p, res, (from, to), &mut stage)
     }
 }

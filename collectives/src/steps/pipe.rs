@@ -214,6 +214,27 @@ impl Stage for Deliver {
     }
 }
 
+/// A collective along a chain (Broadcast, Reduce): `stage` relays the operation's bytes from
+/// `from` to `to` in chunks of half the CCL input buffer; on one rank it is a plain copy.
+pub fn run_chain(
+    p: &OpParam,
+    res: &mut AlgResourceResponse<'_>,
+    (from, to): (Option<usize>, Option<usize>),
+    stage: &mut dyn Stage,
+) -> Result<()> {
+    let bytes = p.count * p.elem();
+    if p.world == 1 {
+        return copy_through(p, res, bytes);
+    }
+    let pipe = Pipe {
+        from,
+        to,
+        handshake: false,
+        slots: Slots::new(res.ccl_in_size, p.elem()),
+    };
+    relay(res, &pipe, &pipe.slots.chunks(bytes, false), stage)
+}
+
 /// World 1 (and the like): `UserOut = UserIn` unless in place.
 pub fn copy_through(p: &OpParam, res: &mut AlgResourceResponse<'_>, bytes: usize) -> Result<()> {
     if !p.in_place && bytes > 0 {
