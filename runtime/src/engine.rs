@@ -115,8 +115,25 @@ impl Engine {
     }
 
     /// Fails all queued and future work with `reason` and wakes every waiter.
+    ///
+    /// When it returns, no task of this engine is running or will run any more (unless called
+    /// from inside a task, where it cannot wait for the pass it is part of): the memory the
+    /// tasks pointed to may be handed back to the application.
     pub fn abort(&self, reason: Error) {
         self.inner.abort_with(reason);
+        let t0 = Instant::now();
+        loop {
+            // A pass in progress on another thread ends soon; the next one drains the queues.
+            if let Ok(streams) = self.inner.streams.try_lock() {
+                drop(streams);
+                self.inner.try_progress();
+                return;
+            }
+            if t0.elapsed() > Duration::from_secs(2) {
+                return;
+            }
+            crate::sync::thread::yield_now();
+        }
     }
 
     /// The abort reason, if aborted.

@@ -14,6 +14,9 @@ use super::segment::Segment;
 use crate::device::{CtsEntry, IMM_ERROR, RmaDevice};
 use crate::shm::cma;
 
+/// Longest a failing rank waits for peers' writes into its user memory to finish.
+pub const USER_WRITE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// Memory keys of CTS entries.
 const KEY_WINDOW: u32 = 1;
 const KEY_USER: u32 = 2;
@@ -104,14 +107,23 @@ impl ShmDevice {
     }
 
     /// Marks this rank failed so peers stop waiting for it.
+    ///
+    /// Returns once no peer is writing into our user memory any more (or after
+    /// [`USER_WRITE_GRACE`]), so the caller may give the user's buffers back: a peer that
+    /// checks the flag after this sees it and refuses to write (see `write`).
     pub fn mark_failed(&self, msg: &str) {
         let me = &self.views[self.rank];
         me.put_text(H_FAIL_MSG, msg);
-        me.u32(H_FAILED).store(1, Ordering::Release);
+        me.u32(H_FAILED).store(1, Ordering::SeqCst);
         for (r, b) in self.bells.iter().enumerate() {
             if r != self.rank {
                 b.ring();
             }
+        }
+        let t0 = std::time::Instant::now();
+        while me.u32(H_USER_WRITERS).load(Ordering::SeqCst) != 0 && t0.elapsed() < USER_WRITE_GRACE
+        {
+            std::thread::yield_now();
         }
     }
 
@@ -195,17 +207,31 @@ impl RmaDevice for ShmDevice {
                 unsafe { std::ptr::copy_nonoverlapping(src, v.base.add(off), len) };
                 Ok(())
             }
-            KEY_USER if self.pids[peer] == std::process::id() => {
-                // A rank of this same process (thread mode): its address is ours.
-                // SAFETY: the peer exposed this range for exactly this receive and does not
-                // touch it until our immediate arrives; `src` is valid by contract.
-                unsafe { std::ptr::copy_nonoverlapping(src, addr as usize as *mut u8, len) };
-                Ok(())
-            }
             KEY_USER => {
-                // SAFETY: `src` valid for `len` by contract.
-                let data = unsafe { std::slice::from_raw_parts(src, len) };
-                cma::write(self.pids[peer], data, addr as usize)
+                // The peer's user buffer may be handed back to its application once the peer
+                // fails: announce the write, then check the peer's failure flag (the peer sets
+                // the flag, then waits for announced writes to finish — `mark_failed`).
+                let v = &self.views[peer];
+                v.u32(H_USER_WRITERS).fetch_add(1, Ordering::SeqCst);
+                let r = if v.u32(H_FAILED).load(Ordering::SeqCst) != 0 {
+                    Err(Error::Remote(format!(
+                        "{} failed before its buffer was written",
+                        self.peer_desc(peer)
+                    )))
+                } else if self.pids[peer] == std::process::id() {
+                    // A rank of this same process (thread mode): its address is ours.
+                    // SAFETY: the peer exposed this range for exactly this receive and does not
+                    // touch it until our immediate arrives (or, failed, until we are done
+                    // here); `src` is valid by contract.
+                    unsafe { std::ptr::copy_nonoverlapping(src, addr as usize as *mut u8, len) };
+                    Ok(())
+                } else {
+                    // SAFETY: `src` valid for `len` by contract.
+                    let data = unsafe { std::slice::from_raw_parts(src, len) };
+                    cma::write(self.pids[peer], data, addr as usize)
+                };
+                v.u32(H_USER_WRITERS).fetch_sub(1, Ordering::SeqCst);
+                r
             }
             k => Err(Error::Remote(format!(
                 "{} sent unknown memory key {k}",
