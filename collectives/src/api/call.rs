@@ -1,0 +1,228 @@
+//! Describing an operation ([`OpSpec`]), building and checking a call from it
+//! (`make_call`: sizes, roots, alignment, in-place positions), and the raw entry points the C
+//! ABI uses ([`RawOp`], [`Communicator::enqueue_raw`]).
+
+use ampccl_runtime::stream::{Event, Stream};
+use ampccl_runtime::{DataType, Element, Error, ReduceOp, Result};
+
+use crate::comm::{Call, Communicator};
+use crate::op::{OpKind, OpParam};
+use crate::sink::Region;
+
+/// What an operation is, apart from its buffers (NCCL's count conventions, see [`OpParam`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OpSpec {
+    pub kind: OpKind,
+    pub count: usize,
+    pub dtype: DataType,
+    /// Reduction (reducing kinds only).
+    pub op: ReduceOp,
+    /// Root (Broadcast, Reduce) or peer (Send, Recv).
+    pub root: usize,
+}
+
+impl OpSpec {
+    /// `kind` over `count` elements of `dtype`, reduction `Sum`, root 0.
+    pub fn new(kind: OpKind, count: usize, dtype: DataType) -> OpSpec {
+        OpSpec {
+            kind,
+            count,
+            dtype,
+            op: ReduceOp::Sum,
+            root: 0,
+        }
+    }
+    /// With reduction `op`.
+    pub fn op(self, op: ReduceOp) -> OpSpec {
+        OpSpec { op, ..self }
+    }
+    /// With root (or peer) `root`.
+    pub fn root(self, root: usize) -> OpSpec {
+        OpSpec { root, ..self }
+    }
+    pub(crate) fn of<T: Element>(kind: OpKind, count: usize) -> OpSpec {
+        OpSpec::new(kind, count, T::DTYPE)
+    }
+}
+
+/// Builds and checks a call (shared by the typed API and the raw one).
+///
+/// `input`/`output` are byte regions; a region is in place when it starts at NCCL's in-place
+/// position inside the other (AllGather: `input == output + rank * count`; ReduceScatter:
+/// `output == input + rank * count`; others: equal). Any other overlap is refused.
+pub(crate) fn make_call(
+    comm: &Communicator,
+    s: OpSpec,
+    input: Region,
+    output: Region,
+) -> Result<Call> {
+    let (rank, world) = (comm.rank(), comm.world());
+    let OpSpec {
+        kind,
+        count,
+        dtype,
+        op,
+        root,
+    } = s;
+    let e = dtype.size();
+    if kind.has_root() && root >= world {
+        let what = if matches!(kind, OpKind::Send | OpKind::Recv) {
+            "peer"
+        } else {
+            "root"
+        };
+        return Err(Error::InvalidArgument(format!(
+            "{what} {root} is not a rank of this communicator (size {world})"
+        )));
+    }
+    let in_need = kind.input_count(count, world).checked_mul(e);
+    let out_need = kind.output_count(count, world).checked_mul(e);
+    let (Some(in_need), Some(out_need)) = (in_need, out_need) else {
+        return Err(Error::InvalidArgument(format!(
+            "count {count} overflows the address space"
+        )));
+    };
+    // Broadcast's input matters on the root only, Reduce's output on the root only.
+    let in_need = if kind == OpKind::Broadcast && rank != root {
+        0
+    } else {
+        in_need
+    };
+    let out_need = if kind == OpKind::Reduce && rank != root {
+        0
+    } else {
+        out_need
+    };
+    for (name, r, need) in [("input", input, in_need), ("output", output, out_need)] {
+        if need > 0 && r.ptr.is_null() {
+            return Err(Error::InvalidArgument(format!("{name} buffer is null")));
+        }
+        if r.len < need {
+            return Err(Error::InvalidArgument(format!(
+                "{name} buffer holds {} bytes, {} of {count} x {} on {world} ranks needs {need}",
+                r.len,
+                kind.name(),
+                dtype.name()
+            )));
+        }
+        if need > 0 && !(r.ptr as usize).is_multiple_of(e) {
+            return Err(Error::InvalidArgument(format!(
+                "{name} buffer is not aligned to {}",
+                dtype.name()
+            )));
+        }
+    }
+    let input = Region {
+        ptr: input.ptr,
+        len: in_need,
+    };
+    let output = Region {
+        ptr: output.ptr,
+        len: out_need,
+    };
+    let in_place_at = match kind {
+        OpKind::AllGather => output.ptr.wrapping_add(rank * count * e) == input.ptr,
+        OpKind::ReduceScatter => input.ptr.wrapping_add(rank * count * e) == output.ptr,
+        _ => input.ptr == output.ptr,
+    };
+    let in_place = in_place_at && in_need > 0 && out_need > 0;
+    let (a, b) = (input.ptr as usize, output.ptr as usize);
+    let overlap = in_need > 0 && out_need > 0 && a < b + out_need && b < a + in_need;
+    if overlap && !in_place {
+        return Err(Error::InvalidArgument(format!(
+            "input and output overlap without being in place (for {} the in-place input is {})",
+            kind.name(),
+            match kind {
+                OpKind::AllGather => "output + rank * count",
+                OpKind::ReduceScatter => "the output is input + rank * count",
+                _ => "the output itself",
+            }
+        )));
+    }
+    let p = OpParam {
+        kind,
+        count,
+        dtype,
+        op,
+        root,
+        rank,
+        world,
+        in_place,
+        seq: 0,
+    };
+    Ok(Call { p, input, output })
+}
+
+/// A region of unknown length (C callers give no lengths): empty when `ptr` is null.
+fn unbounded(ptr: *mut u8) -> Region {
+    Region {
+        ptr,
+        len: if ptr.is_null() { 0 } else { usize::MAX },
+    }
+}
+
+/// One operation with C-style buffers: element counts and raw pointers (for the C ABI).
+#[derive(Clone, Copy, Debug)]
+pub struct RawOp {
+    pub spec: OpSpec,
+    /// Input (may be null where the operation reads none, e.g. `Recv`, non-root `Broadcast`).
+    pub send: *const u8,
+    /// Output (may be null where the operation writes none, e.g. `Send`, non-root `Reduce`).
+    pub recv: *mut u8,
+}
+
+impl Communicator {
+    /// Enqueues `ops` (one operation, or several issued as a group) on `stream` and returns
+    /// their completion event, without waiting (the C ABI's entry point).
+    ///
+    /// # Safety
+    /// Each pointer must be valid for the operation's input (reads) or output (exclusive
+    /// writes) size, as NCCL's count conventions define it, until the event completes.
+    pub unsafe fn enqueue_raw(&self, stream: &Stream, ops: &[RawOp]) -> Result<Event> {
+        let mut calls = ops
+            .iter()
+            .map(|o| {
+                make_call(
+                    self,
+                    o.spec,
+                    unbounded(o.send as *mut u8),
+                    unbounded(o.recv),
+                )
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.submit(stream, &mut calls) }
+    }
+
+    /// Checks `op` as [`Communicator::enqueue_raw`] would (arguments only; nothing is queued),
+    /// so that a caller deferring the submission (the C ABI's groups) reports argument errors
+    /// at the call that made them.
+    pub fn check_raw(&self, op: &RawOp) -> Result<()> {
+        let call = make_call(
+            self,
+            op.spec,
+            unbounded(op.send as *mut u8),
+            unbounded(op.recv),
+        )?;
+        crate::operator::for_kind(call.p.kind).validate(&call.p)
+    }
+
+    /// Marks the communicator failed when an operation failed while running.
+    pub(crate) fn finish(&self, r: Result<()>) -> Result<()> {
+        if let Err(e) = &r {
+            self.inner.fail(&e.to_string());
+            self.inner.engine.abort(e.clone());
+        }
+        r
+    }
+
+    pub(crate) fn per_rank(&self, len: usize) -> Result<usize> {
+        if !len.is_multiple_of(self.world()) {
+            return Err(Error::InvalidArgument(format!(
+                "buffer of {len} elements does not split into {} equal blocks",
+                self.world()
+            )));
+        }
+        Ok(len / self.world())
+    }
+}
