@@ -24,7 +24,6 @@ use ampccl_runtime::Result;
 
 use crate::op::OpParam;
 use crate::resource::{AlgResourceResponse, BufKind, MAIN, Mem};
-use crate::steps::blocks::rounds;
 
 /// The two alternating receive slots: halves of the CCL input buffer, whole elements each.
 #[derive(Clone, Copy, Debug)]
@@ -49,11 +48,48 @@ impl Slots {
     /// `(offset, len)` in bytes of the chunks of a `bytes`-byte message. A point-to-point
     /// message of zero bytes is still one (empty) chunk, so a 0-vs-N mismatch is detected;
     /// collectives of zero bytes have no chunks.
-    pub fn chunks(&self, bytes: usize, empty_is_message: bool) -> Vec<(usize, usize)> {
-        if bytes == 0 && empty_is_message {
-            return vec![(0, 0)];
+    pub fn chunks(&self, bytes: usize, empty_is_message: bool) -> Chunks {
+        let count = if bytes == 0 && empty_is_message {
+            1
+        } else {
+            bytes.div_ceil(self.bytes)
+        };
+        Chunks {
+            bytes,
+            chunk: self.bytes,
+            count,
         }
-        rounds(bytes, self.bytes).collect()
+    }
+}
+
+/// The chunks of one message, computed on demand (no allocation per operation).
+#[derive(Clone, Copy, Debug)]
+pub struct Chunks {
+    bytes: usize,
+    chunk: usize,
+    count: usize,
+}
+
+impl Chunks {
+    /// Number of chunks.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// True when there are none.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// `(offset, len)` in bytes of chunk `c < len()`.
+    pub fn get(&self, c: usize) -> (usize, usize) {
+        let off = c * self.chunk;
+        (off, self.chunk.min(self.bytes.saturating_sub(off)))
+    }
+
+    /// Every chunk in order.
+    pub fn iter(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        (0..self.count).map(|c| self.get(c))
     }
 }
 
@@ -135,14 +171,14 @@ pub struct Pipe {
 pub fn relay(
     res: &mut AlgResourceResponse<'_>,
     pipe: &Pipe,
-    chunks: &[(usize, usize)],
+    chunks: &Chunks,
     stage: &mut dyn Stage,
 ) -> Result<()> {
     let post = |res: &mut AlgResourceResponse<'_>, stage: &dyn Stage, c: usize| -> Result<()> {
         let Some(from) = pipe.from else {
             return Ok(());
         };
-        let (off, len) = chunks[c];
+        let (off, len) = chunks.get(c);
         if pipe.handshake {
             res.tasks.tx_ack(MAIN, from)?;
         }
@@ -152,7 +188,7 @@ pub fn relay(
     if !chunks.is_empty() {
         post(res, stage, 0)?;
     }
-    for (c, &(off, len)) in chunks.iter().enumerate() {
+    for (c, (off, len)) in chunks.iter().enumerate() {
         if c + 1 < chunks.len() {
             post(res, stage, c + 1)?;
         }
@@ -278,8 +314,12 @@ mod tests {
         let s = Slots::new(1000, 8);
         assert_eq!(s.bytes, 496);
         assert_eq!(s.slot(3), Mem::of(BufKind::CclIn).add(496));
-        assert_eq!(s.chunks(0, true), vec![(0, 0)]);
+        let v = |c: Chunks| c.iter().collect::<Vec<_>>();
+        assert_eq!(v(s.chunks(0, true)), vec![(0, 0)]);
         assert!(s.chunks(0, false).is_empty());
-        assert_eq!(s.chunks(1000, false), vec![(0, 496), (496, 496), (992, 8)]);
+        assert_eq!(
+            v(s.chunks(1000, false)),
+            vec![(0, 496), (496, 496), (992, 8)]
+        );
     }
 }
