@@ -11,6 +11,8 @@
 //! - [`mem`]: aligned host buffers and regions.
 //! - [`sync`]: std or loom atomics (`--cfg ampccl_loom`).
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod doorbell;
 pub mod dtype;
 pub mod engine;

@@ -27,6 +27,13 @@ use crate::{Error, Result};
 /// file in `/dev/shm` lacks it).
 pub const NAME_PREFIX: &str = "/ampccl.";
 
+/// Infix of rendezvous segment names: `/ampccl.rdv.<key>` (see [`Segment::open_or_create`]).
+const RENDEZVOUS_TAG: &str = "rdv.";
+
+/// Age after which [`sweep_stale`] treats a rendezvous segment as left by a crash: parties unlink
+/// it as soon as all of them have mapped it, which takes seconds.
+pub const RENDEZVOUS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(3600);
+
 /// Directory where Linux keeps POSIX shared-memory objects.
 const SHM_DIR: &str = "/dev/shm";
 
@@ -155,6 +162,65 @@ impl Segment {
         tracing::debug!(name, len, "opened shared-memory segment");
         Ok(Segment {
             name: name.to_owned(),
+            ptr,
+            len,
+            owner: false,
+            unlinked: AtomicBool::new(false),
+        })
+    }
+
+    /// Opens the rendezvous segment `/ampccl.rdv.<key>`, creating it (zero-filled, mode `0600`)
+    /// if no process has yet, and maps `len` bytes of it. Processes that derive the same `key`
+    /// from something they share (e.g. a communicator's unique id) meet in the same memory
+    /// without exchanging a name first. The result is never the owner: whoever knows that every
+    /// party has mapped it calls [`Segment::unlink`]. All parties must ask for the same `len`;
+    /// a segment of another size is refused. `key` must be 1–64 characters `[0-9a-zA-Z_-]`.
+    ///
+    /// A process that crashes before the name is unlinked leaves the file behind; [`sweep_stale`]
+    /// removes rendezvous segments older than [`RENDEZVOUS_MAX_AGE`].
+    pub fn open_or_create(key: &str, len: usize) -> Result<Segment> {
+        if key.is_empty()
+            || key.len() > 64
+            || !key
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        {
+            return Err(Error::InvalidArgument(format!(
+                "bad rendezvous key {key:?}"
+            )));
+        }
+        if len == 0 {
+            return Err(Error::InvalidArgument(
+                "shared-memory segment length must be non-zero".into(),
+            ));
+        }
+        let name = format!("{NAME_PREFIX}{RENDEZVOUS_TAG}{key}");
+        let fd = shm::open(
+            name.as_str(),
+            shm::OFlags::CREATE | shm::OFlags::RDWR,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(|e| Error::system(format!("shm_open({name}, O_CREAT)"), e))?;
+        let size = u64::try_from(len)
+            .map_err(|_| Error::InvalidArgument(format!("segment length {len} too large")))?;
+        let stat =
+            rustix::fs::fstat(&fd).map_err(|e| Error::system(format!("fstat({name})"), e))?;
+        match u64::try_from(stat.st_size).unwrap_or(0) {
+            // Fresh (or being sized by another party right now: same length, same result).
+            0 => rustix::fs::ftruncate(&fd, size)
+                .map_err(|e| Error::system(format!("ftruncate({name}, {len})"), e))?,
+            s if s == size => {}
+            s => {
+                return Err(Error::InvalidUsage(format!(
+                    "rendezvous segment {name} has {s} bytes, this process expects {len} \
+                     (different settings on different ranks?)"
+                )));
+            }
+        }
+        let ptr = map(&name, &fd, len)?;
+        tracing::debug!(name, len, "opened rendezvous segment");
+        Ok(Segment {
+            name,
             ptr,
             len,
             owner: false,
@@ -319,6 +385,24 @@ fn stale_candidate_pid(file_name: &str) -> Option<i32> {
     pid.parse::<i32>().ok().filter(|&p| p > 0)
 }
 
+/// Whether `file_name` in `/dev/shm` is a rendezvous segment last modified more than
+/// [`RENDEZVOUS_MAX_AGE`] ago.
+fn is_stale_rendezvous(entry: &std::fs::DirEntry, file_name: &str) -> bool {
+    let Some(key) = file_name
+        .strip_prefix(&NAME_PREFIX[1..])
+        .and_then(|r| r.strip_prefix(RENDEZVOUS_TAG))
+    else {
+        return false;
+    };
+    !key.is_empty()
+        && entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > RENDEZVOUS_MAX_AGE)
+}
+
 /// Unlinks the segments left in `/dev/shm` by ampccl processes that no longer exist and returns
 /// how many were removed.
 ///
@@ -351,6 +435,14 @@ fn sweep_stale_in(dir: &str) -> usize {
         let Some(file_name) = file_name.to_str() else {
             continue;
         };
+        if is_stale_rendezvous(&entry, file_name) {
+            let name = format!("/{file_name}");
+            if shm::unlink(name.as_str()).is_ok() {
+                tracing::info!(name, "removed stale rendezvous segment");
+                removed += 1;
+            }
+            continue;
+        }
         let Some(pid) = stale_candidate_pid(file_name) else {
             continue;
         };
@@ -530,6 +622,32 @@ mod tests {
         // Existing mappings survive unlink.
         // SAFETY: as above.
         unsafe { assert_eq!(c.as_ptr().add(7).read_volatile(), 7) };
+    }
+
+    #[test]
+    fn rendezvous_segments_meet_by_key_and_refuse_other_sizes() {
+        let key = format!(
+            "test-{}-{}",
+            std::process::id(),
+            &random_hex().unwrap()[..8]
+        );
+        let a = Segment::open_or_create(&key, 8192).unwrap();
+        let b = Segment::open_or_create(&key, 8192).unwrap();
+        assert!(!a.is_owner() && !b.is_owner());
+        // SAFETY: both mappings are live and 8192 bytes long; this test is the only user.
+        unsafe {
+            a.as_ptr().add(100).write_volatile(42);
+            assert_eq!(b.as_ptr().add(100).read_volatile(), 42, "same memory");
+        }
+        assert!(matches!(
+            Segment::open_or_create(&key, 4096),
+            Err(Error::InvalidUsage(_))
+        ));
+        assert!(Segment::open_or_create("bad/key", 4096).is_err());
+        assert!(Segment::open_or_create("", 4096).is_err());
+        a.unlink().unwrap();
+        assert!(!shm_path(b.name()).exists(), "unlinked");
+        b.unlink().unwrap(); // someone else unlinked first: fine
     }
 
     #[test]
