@@ -22,7 +22,7 @@ use std::sync::OnceLock;
 use cudarc::driver::sys;
 
 pub use event::CudaEvent;
-pub use kernels::ReduceKernels;
+pub use kernels::{MAX_SOURCES, ReduceKernels};
 pub use memory::{DeviceBuffer, HostRegistration};
 pub use stream::{CudaStream, StreamRef};
 

@@ -1,0 +1,476 @@
+//! The PCIe path: collectives between the GPUs of one host through pinned shared host memory,
+//! driven entirely by CUDA streams (no host thread takes part once the work is enqueued).
+//!
+//! Each rank has two side streams. Per pipeline chunk `g` (numbered across all operations of
+//! the domain, identically on every rank; staging slot `g % slots`):
+//!
+//! ```text
+//! send stream:  wait consumed[q] >= g+1-slots (all q ≠ me)  → D2H my pieces into my slot
+//!               → ready[me] = g+1
+//! recv stream:  wait ready[p] >= g+1 (every p, me included)  → H2D peers' pieces
+//!               (into the output, or into scratch + reduction kernel) → consumed[me] = g+1
+//! ```
+//! Flags are 32-bit words in the shared area, written with `cuStreamWriteValue32` and waited on
+//! with `cuStreamWaitValue32` — cross-process notifies that no host thread services. Waiting for
+//! `ready[me]` as well makes in-place operations safe (a rank's output never overwrites input
+//! before it has been staged). Reductions run on the GPU in rank order, so every rank computes
+//! bit-identical results.
+//!
+//! Joins: both side streams first wait for an event recorded on the user's stream (inputs
+//! ready, earlier readers of the output done); [`Join::apply`] makes the user's stream wait
+//! for both side streams, so later work sees the result without any host synchronisation.
+//!
+//! One file per collective describes which pieces each rank stages and what it does with its
+//! peers' pieces: [`allreduce`], [`allgather`], [`reducescatter`], [`broadcast`], [`reduce`].
+
+mod allgather;
+mod allreduce;
+mod broadcast;
+pub mod layout;
+mod reduce;
+mod reducescatter;
+
+use std::sync::Arc;
+
+use ampccl_runtime::cuda::{
+    CudaEvent, CudaStream, Device, DeviceBuffer, HostRegistration, ReduceKernels, StreamRef,
+};
+use ampccl_runtime::{DataType, ReduceOp};
+
+pub use layout::{HeaderRef, Layout, RankStatus};
+
+use crate::{Error, Result};
+
+/// Which collective, with its root where it has one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PcieKind {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast { root: usize },
+    Reduce { root: usize },
+}
+
+/// The PCIe part of one collective call. Buffers are device addresses of the user's buffers,
+/// exactly as given to NCCL; the part covers elements `start..start + len` of every block.
+#[derive(Clone, Copy, Debug)]
+pub struct PcieOp {
+    pub kind: PcieKind,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub send: u64,
+    pub recv: u64,
+    /// Elements per rank block: allgather's send count, reduce-scatter's receive count, the
+    /// count of the others.
+    pub block: usize,
+    /// First element of the PCIe part within each block.
+    pub start: usize,
+    /// Elements of the PCIe part per block.
+    pub len: usize,
+}
+
+/// The shared host area of one domain, registered with the driver. One per process and
+/// domain; every local rank's [`PcieRank`] uses it.
+pub struct HostArea {
+    base: *mut u8,
+    layout: Layout,
+    reg: HostRegistration,
+}
+
+// SAFETY: the area is a pointer into a shared mapping that outlives it (the owner keeps the
+// segment), accessed only by GPUs and through atomics.
+unsafe impl Send for HostArea {}
+// SAFETY: as above.
+unsafe impl Sync for HostArea {}
+
+impl HostArea {
+    /// Registers `layout.total()` bytes at `base` (a device context must be current).
+    ///
+    /// # Safety
+    /// `base` must be a page-aligned shared mapping of at least `layout.total()` bytes that
+    /// stays mapped while this value lives.
+    pub unsafe fn register(base: *mut u8, layout: Layout) -> Result<HostArea> {
+        // SAFETY: forwarded from the caller.
+        let reg = unsafe { HostRegistration::new(base, layout.total()) }?;
+        Ok(HostArea { base, layout, reg })
+    }
+
+    /// The layout.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    fn flag(&self, off: usize) -> u64 {
+        self.reg.device_addr(off)
+    }
+
+    fn slot(&self, slot: usize, writer: usize) -> *mut u8 {
+        self.base.wrapping_add(self.layout.slot_off(slot, writer))
+    }
+}
+
+/// One rank's PCIe resources: its device, side streams, join events, scratch and kernels.
+pub struct PcieRank {
+    rank: usize,
+    nranks: usize,
+    area: Arc<HostArea>,
+    next_chunk: u64,
+    send: CudaStream,
+    recv: CudaStream,
+    before: CudaEvent,
+    send_done: CudaEvent,
+    recv_done: CudaEvent,
+    scratch: DeviceBuffer,
+    kernels: ReduceKernels,
+    // Dropped last: the resources above belong to its context.
+    device: Device,
+}
+
+/// Makes the user's stream wait for the PCIe part of a call (see the module docs). Applying it
+/// later than the call (after `ncclGroupEnd`) is fine: the events it waits on are re-recorded
+/// only by later calls, which finish later.
+#[must_use = "the user's stream must wait for the PCIe part"]
+pub struct Join<'a> {
+    rank: &'a PcieRank,
+}
+
+impl Join<'_> {
+    /// Makes `user` wait for the side streams.
+    pub fn apply(self, user: StreamRef) -> Result<()> {
+        self.rank.join(user)
+    }
+}
+
+impl PcieRank {
+    /// Creates the resources of `rank` (of `nranks`) on device `ordinal`.
+    pub fn new(area: Arc<HostArea>, ordinal: i32, rank: usize, nranks: usize) -> Result<PcieRank> {
+        if nranks != area.layout.nranks
+            || rank >= nranks
+            || nranks > ampccl_runtime::cuda::MAX_SOURCES
+        {
+            return Err(Error::InvalidArgument(format!(
+                "PCIe rank {rank} of {nranks} (area for {}, at most {} GPUs)",
+                area.layout.nranks,
+                ampccl_runtime::cuda::MAX_SOURCES
+            )));
+        }
+        let device = Device::new(ordinal)?;
+        let _ctx = device.enter()?;
+        let kernels = ReduceKernels::load(&device)?;
+        Ok(PcieRank {
+            rank,
+            nranks,
+            next_chunk: 0,
+            send: CudaStream::new()?,
+            recv: CudaStream::new()?,
+            before: CudaEvent::new(false)?,
+            send_done: CudaEvent::new(false)?,
+            recv_done: CudaEvent::new(false)?,
+            scratch: DeviceBuffer::new((nranks - 1).max(1) * area.layout.slot_bytes)?,
+            kernels,
+            area,
+            device,
+        })
+    }
+
+    /// The rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The device.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Enqueues the PCIe part `op` of a call whose inputs are ready at the current end of
+    /// `user`; returns the join to apply to `user`.
+    ///
+    /// # Safety
+    /// The buffers named by `op` must be device memory of the sizes the collective implies,
+    /// valid until the user's stream passes the join.
+    pub unsafe fn enqueue(&mut self, op: &PcieOp, user: StreamRef) -> Result<Join<'_>> {
+        if let PcieKind::Broadcast { root } | PcieKind::Reduce { root } = op.kind
+            && root >= self.nranks
+        {
+            return Err(Error::InvalidArgument(format!(
+                "root {root} of {} ranks",
+                self.nranks
+            )));
+        }
+        let _ctx = self.device.enter()?;
+        let plan = ChunkPlan::new(op, self.nranks, self.area.layout.slot_bytes)?;
+        let first = self.next_chunk;
+        // Advance first: whatever happens below, this rank's chunk numbering stays the peers'.
+        self.next_chunk += plan.chunks as u64;
+        user.record(&self.before)?;
+        self.send.handle().wait_event(&self.before)?;
+        self.recv.handle().wait_event(&self.before)?;
+        let algo = algorithm(op.kind);
+        for c in 0..plan.chunks {
+            let g = first + c as u64;
+            let range = plan.range(c);
+            let mut x = ChunkCtx {
+                rank: self,
+                op,
+                g,
+                range,
+                piece_bytes: plan.piece_bytes,
+            };
+            // SAFETY: forwarded from the caller; the staging memory is the registered area.
+            unsafe {
+                x.begin_send()?;
+                algo.send(&mut x)?;
+                x.end_send()?;
+                x.begin_recv()?;
+                algo.recv(&mut x)?;
+                x.end_recv()?;
+            }
+        }
+        Ok(Join { rank: self })
+    }
+
+    fn join(&self, user: StreamRef) -> Result<()> {
+        let _ctx = self.device.enter()?;
+        self.send.handle().record(&self.send_done)?;
+        self.recv.handle().record(&self.recv_done)?;
+        user.wait_event(&self.send_done)?;
+        user.wait_event(&self.recv_done)
+    }
+}
+
+/// How an operation is cut into pipeline chunks.
+struct ChunkPlan {
+    chunks: usize,
+    chunk_elems: usize,
+    piece_bytes: usize,
+    start: usize,
+    len: usize,
+}
+
+impl ChunkPlan {
+    fn new(op: &PcieOp, nranks: usize, slot_bytes: usize) -> Result<ChunkPlan> {
+        let es = op.dtype.size();
+        let pieces = algorithm(op.kind).pieces(nranks);
+        let piece_bytes = (slot_bytes / pieces) / 256 * 256;
+        let chunk_elems = piece_bytes / es;
+        if chunk_elems == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "PCIe chunk of {slot_bytes} bytes cannot hold {pieces} pieces"
+            )));
+        }
+        if op.start + op.len > op.block {
+            return Err(Error::InvalidArgument(format!(
+                "PCIe part {}..{} outside a block of {}",
+                op.start,
+                op.start + op.len,
+                op.block
+            )));
+        }
+        Ok(ChunkPlan {
+            chunks: op.len.div_ceil(chunk_elems),
+            chunk_elems,
+            piece_bytes,
+            start: op.start,
+            len: op.len,
+        })
+    }
+
+    fn range(&self, c: usize) -> Chunk {
+        let first = self.start + c * self.chunk_elems;
+        Chunk {
+            first,
+            elems: self.chunk_elems.min(self.start + self.len - first),
+        }
+    }
+}
+
+/// Elements `first..first + elems` of each block.
+#[derive(Clone, Copy, Debug)]
+struct Chunk {
+    first: usize,
+    elems: usize,
+}
+
+/// What one collective does per chunk (one implementation per file).
+trait PcieAlgorithm: Sync {
+    /// Pieces each writer stages per chunk (its slot is split evenly between them).
+    fn pieces(&self, nranks: usize) -> usize;
+    /// Stages this rank's pieces ([`ChunkCtx::put`]).
+    ///
+    /// # Safety
+    /// The op's buffers are valid (see [`PcieRank::enqueue`]).
+    unsafe fn send(&self, x: &mut ChunkCtx) -> Result<()>;
+    /// Consumes the peers' pieces ([`ChunkCtx::fetch`], [`ChunkCtx::reduce`], ...).
+    ///
+    /// # Safety
+    /// As [`PcieAlgorithm::send`].
+    unsafe fn recv(&self, x: &mut ChunkCtx) -> Result<()>;
+}
+
+fn algorithm(kind: PcieKind) -> &'static dyn PcieAlgorithm {
+    match kind {
+        PcieKind::AllReduce => &allreduce::AllReducePcie,
+        PcieKind::AllGather => &allgather::AllGatherPcie,
+        PcieKind::ReduceScatter => &reducescatter::ReduceScatterPcie,
+        PcieKind::Broadcast { .. } => &broadcast::BroadcastPcie,
+        PcieKind::Reduce { .. } => &reduce::ReducePcie,
+    }
+}
+
+/// The steps an algorithm composes for one chunk.
+struct ChunkCtx<'a> {
+    rank: &'a PcieRank,
+    op: &'a PcieOp,
+    g: u64,
+    range: Chunk,
+    piece_bytes: usize,
+}
+
+impl ChunkCtx<'_> {
+    fn me(&self) -> usize {
+        self.rank.rank
+    }
+
+    fn nranks(&self) -> usize {
+        self.rank.nranks
+    }
+
+    /// The root of a rooted collective (0 for the others).
+    fn root(&self) -> usize {
+        match self.op.kind {
+            PcieKind::Broadcast { root } | PcieKind::Reduce { root } => root,
+            _ => 0,
+        }
+    }
+
+    fn bytes(&self) -> usize {
+        self.range.elems * self.op.dtype.size()
+    }
+
+    /// Device address of element `first` of the chunk in block `block` of a buffer at `base`.
+    fn at(&self, base: u64, block: usize) -> u64 {
+        base + ((block * self.op.block + self.range.first) * self.op.dtype.size()) as u64
+    }
+
+    fn slot(&self) -> usize {
+        (self.g % self.rank.area.layout.slots as u64) as usize
+    }
+
+    fn flag_value(&self) -> u32 {
+        // Chunk numbers wrap after 2^32 chunks (petabytes of PCIe traffic).
+        (self.g + 1) as u32
+    }
+
+    unsafe fn begin_send(&mut self) -> Result<()> {
+        let slots = self.rank.area.layout.slots as u64;
+        if self.g >= slots {
+            let need = (self.g + 1 - slots) as u32;
+            for q in (0..self.nranks()).filter(|&q| q != self.me()) {
+                let flag = self.rank.area.flag(self.rank.area.layout.consumed_off(q));
+                // SAFETY: the flag lies in the registered area.
+                unsafe { self.rank.send.handle().wait_flag(flag, need) }?;
+            }
+        }
+        Ok(())
+    }
+
+    unsafe fn end_send(&mut self) -> Result<()> {
+        let flag = self
+            .rank
+            .area
+            .flag(self.rank.area.layout.ready_off(self.me()));
+        // SAFETY: the flag lies in the registered area.
+        unsafe { self.rank.send.handle().write_flag(flag, self.flag_value()) }
+    }
+
+    unsafe fn begin_recv(&mut self) -> Result<()> {
+        for p in 0..self.nranks() {
+            let flag = self.rank.area.flag(self.rank.area.layout.ready_off(p));
+            // SAFETY: the flag lies in the registered area.
+            unsafe { self.rank.recv.handle().wait_flag(flag, self.flag_value()) }?;
+        }
+        Ok(())
+    }
+
+    unsafe fn end_recv(&mut self) -> Result<()> {
+        let flag = self
+            .rank
+            .area
+            .flag(self.rank.area.layout.consumed_off(self.me()));
+        // SAFETY: the flag lies in the registered area.
+        unsafe { self.rank.recv.handle().write_flag(flag, self.flag_value()) }
+    }
+
+    fn piece_ptr(&self, writer: usize, piece: usize) -> *mut u8 {
+        self.rank
+            .area
+            .slot(self.slot(), writer)
+            .wrapping_add(piece * self.piece_bytes)
+    }
+
+    /// Stages the chunk of device memory at `src` as this rank's piece `piece`.
+    unsafe fn put(&self, piece: usize, src: u64) -> Result<()> {
+        // SAFETY: the piece lies in this rank's slot of the registered area; the caller
+        // guarantees `src`.
+        unsafe {
+            self.rank
+                .send
+                .handle()
+                .copy_dtoh(self.piece_ptr(self.me(), piece), src, self.bytes())
+        }
+    }
+
+    /// Copies `writer`'s staged piece `piece` to device memory at `dst`.
+    unsafe fn fetch(&self, writer: usize, piece: usize, dst: u64) -> Result<()> {
+        // SAFETY: as `put`, directions swapped.
+        unsafe {
+            self.rank
+                .recv
+                .handle()
+                .copy_htod(dst, self.piece_ptr(writer, piece), self.bytes())
+        }
+    }
+
+    /// Copies the chunk between device buffers on the receive stream.
+    unsafe fn copy_local(&self, dst: u64, src: u64) -> Result<()> {
+        if dst == src {
+            return Ok(());
+        }
+        // SAFETY: the caller guarantees both ranges.
+        unsafe { self.rank.recv.handle().copy_dtod(dst, src, self.bytes()) }
+    }
+
+    /// Device address of scratch area `i` (`i < nranks - 1`), one piece long.
+    fn scratch(&self, i: usize) -> u64 {
+        self.rank.scratch.addr() + (i * self.piece_bytes) as u64
+    }
+
+    /// Fetches every peer's piece `piece` into scratch and reduces them with this rank's own
+    /// data at `own` into `out`, in rank order.
+    unsafe fn fetch_and_reduce(&self, piece: usize, own: u64, out: u64) -> Result<()> {
+        let mut srcs = [0u64; ampccl_runtime::cuda::MAX_SOURCES];
+        let mut next_scratch = 0;
+        for (p, src) in srcs.iter_mut().enumerate().take(self.nranks()) {
+            if p == self.me() {
+                *src = own;
+            } else {
+                *src = self.scratch(next_scratch);
+                next_scratch += 1;
+                // SAFETY: scratch holds nranks - 1 pieces.
+                unsafe { self.fetch(p, piece, *src) }?;
+            }
+        }
+        // SAFETY: every source is a chunk of device memory; `out` is guaranteed by the caller.
+        unsafe {
+            self.rank.kernels.launch(
+                self.rank.recv.handle(),
+                self.op.dtype,
+                self.op.op,
+                out,
+                &srcs[..self.nranks()],
+                self.range.elems,
+            )
+        }
+    }
+}
