@@ -33,7 +33,8 @@ pub enum RankStatus {
     Failed = 2,
 }
 
-/// Offsets of the shared area for one domain.
+/// Offsets of the shared area for one domain (`nranks` is its capacity: communicators split
+/// off a parent use the parent's layout with fewer ranks).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Layout {
     /// Ranks of the domain.

@@ -17,7 +17,7 @@
 //! bit-identical results.
 //!
 //! Joins: both side streams first wait for an event recorded on the user's stream (inputs
-//! ready, earlier readers of the output done); [`Join::apply`] makes the user's stream wait
+//! ready, earlier readers of the output done); [`PcieRank::join`] makes the user's stream wait
 //! for both side streams, so later work sees the result without any host synchronisation.
 //!
 //! One file per collective describes which pieces each rank stages and what it does with its
@@ -115,6 +115,12 @@ pub struct PcieRank {
     nranks: usize,
     area: Arc<HostArea>,
     next_chunk: u64,
+    res: std::mem::ManuallyDrop<Resources>,
+    device: Device,
+}
+
+/// The CUDA objects of a rank, released in its device's context (see `Drop for PcieRank`).
+struct Resources {
     send: CudaStream,
     recv: CudaStream,
     before: CudaEvent,
@@ -122,22 +128,19 @@ pub struct PcieRank {
     recv_done: CudaEvent,
     scratch: DeviceBuffer,
     kernels: ReduceKernels,
-    // Dropped last: the resources above belong to its context.
-    device: Device,
 }
 
-/// Makes the user's stream wait for the PCIe part of a call (see the module docs). Applying it
-/// later than the call (after `ncclGroupEnd`) is fine: the events it waits on are re-recorded
-/// only by later calls, which finish later.
-#[must_use = "the user's stream must wait for the PCIe part"]
-pub struct Join<'a> {
-    rank: &'a PcieRank,
-}
-
-impl Join<'_> {
-    /// Makes `user` wait for the side streams.
-    pub fn apply(self, user: StreamRef) -> Result<()> {
-        self.rank.join(user)
+impl Drop for PcieRank {
+    fn drop(&mut self) {
+        let ctx = self.device.enter();
+        if ctx.is_ok() {
+            // Work still queued may use the scratch buffer and the kernels: let it finish.
+            let _ = self.res.send.handle().synchronize();
+            let _ = self.res.recv.handle().synchronize();
+        }
+        // SAFETY: dropped exactly once, here; the context is current when it could be entered
+        // (otherwise the driver is gone and releasing is moot).
+        unsafe { std::mem::ManuallyDrop::drop(&mut self.res) };
     }
 }
 
@@ -149,26 +152,29 @@ impl PcieRank {
             || nranks > ampccl_runtime::cuda::MAX_SOURCES
         {
             return Err(Error::InvalidArgument(format!(
-                "PCIe rank {rank} of {nranks} (area for {}, at most {} GPUs)",
+                "PCIe rank {rank} of {nranks} (area for at most {}, at most {} GPUs)",
                 area.layout.nranks,
                 ampccl_runtime::cuda::MAX_SOURCES
             )));
         }
         let device = Device::new(ordinal)?;
-        let _ctx = device.enter()?;
-        let kernels = ReduceKernels::load(&device)?;
-        Ok(PcieRank {
-            rank,
-            nranks,
-            next_chunk: 0,
+        let ctx = device.enter()?;
+        let res = Resources {
             send: CudaStream::new()?,
             recv: CudaStream::new()?,
             before: CudaEvent::new(false)?,
             send_done: CudaEvent::new(false)?,
             recv_done: CudaEvent::new(false)?,
             scratch: DeviceBuffer::new((nranks - 1).max(1) * area.layout.slot_bytes)?,
-            kernels,
+            kernels: ReduceKernels::load(&device)?,
+        };
+        drop(ctx);
+        Ok(PcieRank {
+            rank,
+            nranks,
+            next_chunk: 0,
             area,
+            res: std::mem::ManuallyDrop::new(res),
             device,
         })
     }
@@ -183,13 +189,33 @@ impl PcieRank {
         &self.device
     }
 
+    /// Copies `bytes` between device buffers on the user's stream `user` (the part of an
+    /// out-of-place allgather that stays on this GPU).
+    ///
+    /// # Safety
+    /// Both ranges must be device memory valid until `user` passes the copy.
+    pub unsafe fn copy_on(&self, user: StreamRef, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        if dst == src || bytes == 0 {
+            return Ok(());
+        }
+        let _ctx = self.device.enter()?;
+        // SAFETY: forwarded from the caller.
+        unsafe { user.copy_dtod(dst, src, bytes) }
+    }
+
+    /// Whether `user` is being captured into a CUDA graph.
+    pub fn capturing(&self, user: StreamRef) -> Result<bool> {
+        let _ctx = self.device.enter()?;
+        user.is_capturing()
+    }
+
     /// Enqueues the PCIe part `op` of a call whose inputs are ready at the current end of
-    /// `user`; returns the join to apply to `user`.
+    /// `user`. [`PcieRank::join`] must follow (at once, or after `ncclGroupEnd`).
     ///
     /// # Safety
     /// The buffers named by `op` must be device memory of the sizes the collective implies,
     /// valid until the user's stream passes the join.
-    pub unsafe fn enqueue(&mut self, op: &PcieOp, user: StreamRef) -> Result<Join<'_>> {
+    pub unsafe fn enqueue(&mut self, op: &PcieOp, user: StreamRef) -> Result<()> {
         if let PcieKind::Broadcast { root } | PcieKind::Reduce { root } = op.kind
             && root >= self.nranks
         {
@@ -203,9 +229,9 @@ impl PcieRank {
         let first = self.next_chunk;
         // Advance first: whatever happens below, this rank's chunk numbering stays the peers'.
         self.next_chunk += plan.chunks as u64;
-        user.record(&self.before)?;
-        self.send.handle().wait_event(&self.before)?;
-        self.recv.handle().wait_event(&self.before)?;
+        user.record(&self.res.before)?;
+        self.res.send.handle().wait_event(&self.res.before)?;
+        self.res.recv.handle().wait_event(&self.res.before)?;
         let algo = algorithm(op.kind);
         for c in 0..plan.chunks {
             let g = first + c as u64;
@@ -227,15 +253,17 @@ impl PcieRank {
                 x.end_recv()?;
             }
         }
-        Ok(Join { rank: self })
+        Ok(())
     }
 
-    fn join(&self, user: StreamRef) -> Result<()> {
+    /// Makes `user` wait for everything enqueued on the side streams so far. Applying it after
+    /// more calls were enqueued (end of a group) is fine: it then waits for those as well.
+    pub fn join(&self, user: StreamRef) -> Result<()> {
         let _ctx = self.device.enter()?;
-        self.send.handle().record(&self.send_done)?;
-        self.recv.handle().record(&self.recv_done)?;
-        user.wait_event(&self.send_done)?;
-        user.wait_event(&self.recv_done)
+        self.res.send.handle().record(&self.res.send_done)?;
+        self.res.recv.handle().record(&self.res.recv_done)?;
+        user.wait_event(&self.res.send_done)?;
+        user.wait_event(&self.res.recv_done)
     }
 }
 
@@ -369,7 +397,7 @@ impl ChunkCtx<'_> {
             for q in (0..self.nranks()).filter(|&q| q != self.me()) {
                 let flag = self.rank.area.flag(self.rank.area.layout.consumed_off(q));
                 // SAFETY: the flag lies in the registered area.
-                unsafe { self.rank.send.handle().wait_flag(flag, need) }?;
+                unsafe { self.rank.res.send.handle().wait_flag(flag, need) }?;
             }
         }
         Ok(())
@@ -381,14 +409,26 @@ impl ChunkCtx<'_> {
             .area
             .flag(self.rank.area.layout.ready_off(self.me()));
         // SAFETY: the flag lies in the registered area.
-        unsafe { self.rank.send.handle().write_flag(flag, self.flag_value()) }
+        unsafe {
+            self.rank
+                .res
+                .send
+                .handle()
+                .write_flag(flag, self.flag_value())
+        }
     }
 
     unsafe fn begin_recv(&mut self) -> Result<()> {
         for p in 0..self.nranks() {
             let flag = self.rank.area.flag(self.rank.area.layout.ready_off(p));
             // SAFETY: the flag lies in the registered area.
-            unsafe { self.rank.recv.handle().wait_flag(flag, self.flag_value()) }?;
+            unsafe {
+                self.rank
+                    .res
+                    .recv
+                    .handle()
+                    .wait_flag(flag, self.flag_value())
+            }?;
         }
         Ok(())
     }
@@ -399,7 +439,13 @@ impl ChunkCtx<'_> {
             .area
             .flag(self.rank.area.layout.consumed_off(self.me()));
         // SAFETY: the flag lies in the registered area.
-        unsafe { self.rank.recv.handle().write_flag(flag, self.flag_value()) }
+        unsafe {
+            self.rank
+                .res
+                .recv
+                .handle()
+                .write_flag(flag, self.flag_value())
+        }
     }
 
     fn piece_ptr(&self, writer: usize, piece: usize) -> *mut u8 {
@@ -414,10 +460,11 @@ impl ChunkCtx<'_> {
         // SAFETY: the piece lies in this rank's slot of the registered area; the caller
         // guarantees `src`.
         unsafe {
-            self.rank
-                .send
-                .handle()
-                .copy_dtoh(self.piece_ptr(self.me(), piece), src, self.bytes())
+            self.rank.res.send.handle().copy_dtoh(
+                self.piece_ptr(self.me(), piece),
+                src,
+                self.bytes(),
+            )
         }
     }
 
@@ -426,6 +473,7 @@ impl ChunkCtx<'_> {
         // SAFETY: as `put`, directions swapped.
         unsafe {
             self.rank
+                .res
                 .recv
                 .handle()
                 .copy_htod(dst, self.piece_ptr(writer, piece), self.bytes())
@@ -438,12 +486,18 @@ impl ChunkCtx<'_> {
             return Ok(());
         }
         // SAFETY: the caller guarantees both ranges.
-        unsafe { self.rank.recv.handle().copy_dtod(dst, src, self.bytes()) }
+        unsafe {
+            self.rank
+                .res
+                .recv
+                .handle()
+                .copy_dtod(dst, src, self.bytes())
+        }
     }
 
     /// Device address of scratch area `i` (`i < nranks - 1`), one piece long.
     fn scratch(&self, i: usize) -> u64 {
-        self.rank.scratch.addr() + (i * self.piece_bytes) as u64
+        self.rank.res.scratch.addr() + (i * self.piece_bytes) as u64
     }
 
     /// Fetches every peer's piece `piece` into scratch and reduces them with this rank's own
@@ -463,8 +517,8 @@ impl ChunkCtx<'_> {
         }
         // SAFETY: every source is a chunk of device memory; `out` is guaranteed by the caller.
         unsafe {
-            self.rank.kernels.launch(
-                self.rank.recv.handle(),
+            self.rank.res.kernels.launch(
+                self.rank.res.recv.handle(),
                 self.op.dtype,
                 self.op.op,
                 out,

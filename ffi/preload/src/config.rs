@@ -1,0 +1,126 @@
+//! Settings of the interposer, read once from the environment and logged at the first
+//! communicator.
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `AMPCCL_ENABLE` | `1` | `0`: every call goes straight to NCCL |
+//! | `AMPCCL_ENABLE_PCIE` | `1` | `0`: keep the bookkeeping, never split |
+//! | `AMPCCL_ALPHA` | `0.875` | fraction of each split call's bytes carried by NCCL |
+//! | `AMPCCL_MIN_MSG_SIZE` | `16M` | calls moving fewer bytes are not split |
+//! | `AMPCCL_MIN_CHUNK_SIZE` | `1M` | PCIe parts smaller than this are not worth it |
+//! | `AMPCCL_ALIGN` | `4096` | the PCIe part is a multiple of this many bytes |
+//! | `AMPCCL_CHUNK_SIZE` | `4M` | pipeline chunk (staging slot) per rank |
+//! | `AMPCCL_SLOTS` | `4` | staging slots per rank (pipeline depth) |
+//! | `AMPCCL_LOG` | `warn` | log filter |
+
+use std::sync::OnceLock;
+
+use ampccl::multipath::planner::PlannerRules;
+
+/// The interposer's settings.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub enable: bool,
+    pub pcie: bool,
+    pub alpha: f64,
+    pub rules: PlannerRules,
+    pub chunk_bytes: usize,
+    pub slots: usize,
+}
+
+/// Whether the interposer is on (`AMPCCL_ENABLE`, read once; cheap afterwards).
+pub fn enabled() -> bool {
+    static ENABLED: OnceLock<bool> = OnceLock::new();
+    *ENABLED.get_or_init(|| std::env::var("AMPCCL_ENABLE").map_or(true, |v| v.trim() != "0"))
+}
+
+/// The settings (read once).
+pub fn settings() -> &'static Settings {
+    static SETTINGS: OnceLock<Settings> = OnceLock::new();
+    SETTINGS.get_or_init(|| {
+        ampccl::config::init_logging();
+        let s = Settings::from_lookup(|k| std::env::var(k).ok());
+        tracing::info!(?s, "ampccl preload settings");
+        s
+    })
+}
+
+impl Settings {
+    /// Settings from a variable lookup; unparsable values fall back to the default with a
+    /// warning.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Settings {
+        let d = PlannerRules::default();
+        let size = |k: &str, def: usize| get(k).map_or(def, |v| parse_size(k, &v).unwrap_or(def));
+        let chunk = size("AMPCCL_CHUNK_SIZE", 4 << 20)
+            .next_multiple_of(4096)
+            .max(4096);
+        Settings {
+            enable: get("AMPCCL_ENABLE").is_none_or(|v| v.trim() != "0"),
+            pcie: get("AMPCCL_ENABLE_PCIE").is_none_or(|v| v.trim() != "0"),
+            alpha: get("AMPCCL_ALPHA")
+                .and_then(|v| {
+                    let a = v
+                        .trim()
+                        .parse::<f64>()
+                        .ok()
+                        .filter(|a| (0.0..=1.0).contains(a));
+                    if a.is_none() {
+                        tracing::warn!("AMPCCL_ALPHA={v:?} is not a number in 0..=1; using 0.875");
+                    }
+                    a
+                })
+                .unwrap_or(0.875),
+            rules: PlannerRules {
+                min_msg_bytes: size("AMPCCL_MIN_MSG_SIZE", d.min_msg_bytes),
+                align_bytes: size("AMPCCL_ALIGN", d.align_bytes).max(1),
+                min_pcie_bytes: size("AMPCCL_MIN_CHUNK_SIZE", d.min_pcie_bytes),
+            },
+            chunk_bytes: chunk,
+            slots: size("AMPCCL_SLOTS", 4).clamp(2, 64),
+        }
+    }
+}
+
+fn parse_size(key: &str, v: &str) -> Option<usize> {
+    let v = v.trim();
+    let (num, mult) = match v.chars().last() {
+        Some('K' | 'k') => (&v[..v.len() - 1], 1usize << 10),
+        Some('M' | 'm') => (&v[..v.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&v[..v.len() - 1], 1 << 30),
+        _ => (v, 1),
+    };
+    let n = num.parse::<usize>().ok().and_then(|n| n.checked_mul(mult));
+    if n.is_none() {
+        tracing::warn!("{key}={v:?} is not a size; using the default");
+    }
+    n
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_overrides() {
+        let s = Settings::from_lookup(|_| None);
+        assert!(s.enable && s.pcie);
+        assert_eq!(s.alpha, 0.875);
+        assert_eq!(s.chunk_bytes, 4 << 20);
+        let env = |k: &str| match k {
+            "AMPCCL_ENABLE" => Some("0".to_string()),
+            "AMPCCL_ALPHA" => Some("0.5".into()),
+            "AMPCCL_MIN_MSG_SIZE" => Some("1M".into()),
+            "AMPCCL_CHUNK_SIZE" => Some("5000".into()),
+            "AMPCCL_SLOTS" => Some("1".into()),
+            _ => None,
+        };
+        let s = Settings::from_lookup(env);
+        assert!(!s.enable);
+        assert_eq!(s.alpha, 0.5);
+        assert_eq!(s.rules.min_msg_bytes, 1 << 20);
+        assert_eq!(s.chunk_bytes, 8192, "rounded up to pages");
+        assert_eq!(s.slots, 2, "at least double buffering");
+        let bad = Settings::from_lookup(|k| (k == "AMPCCL_ALPHA").then(|| "2".to_string()));
+        assert_eq!(bad.alpha, 0.875);
+    }
+}

@@ -1,0 +1,479 @@
+//! `libampccl_preload.so`: put it in `LD_PRELOAD` in front of an unchanged NCCL program and
+//! each large collective is split between the real NCCL (NVLink, IB) and ampccl's PCIe path
+//! through pinned host memory. Results are the same; calls stay asynchronous.
+//!
+//! The library exports only the NCCL functions it must see — communicator creation and
+//! destruction (to know domains, ranks and devices), groups (to defer joins), and the five
+//! collectives — and leaves every other symbol to the real `libnccl.so.2` ([`real`]). Nothing
+//! runs at load time; the first intercepted call reads the settings ([`config`]) and finds
+//! NCCL. `AMPCCL_ENABLE=0` makes every hook a plain jump to NCCL.
+//!
+//! - [`guard`]: re-entry guard, group depth, deferred work, panic boundary;
+//! - [`domain`]: domains (per unique id; host identity by arrival) and communicators;
+//! - [`split`]: one collective call: plan, PCIe part, NCCL part, join.
+
+#![allow(non_snake_case)]
+
+pub mod config;
+pub mod domain;
+pub mod guard;
+pub mod nccl;
+pub mod real;
+pub mod split;
+
+use std::ffi::{c_int, c_void};
+
+use guard::{Deferred, boundary, call_real};
+use nccl::{Comm, NcclResult, Stream, UniqueId};
+use real::{Real, real};
+use split::Call;
+
+/// Runs `f` with the real NCCL, or fails when there is none.
+fn with_real(name: &str, f: impl FnOnce(&'static Real) -> NcclResult) -> NcclResult {
+    boundary(name, || match real() {
+        Some(r) => f(r),
+        None => nccl::SYSTEM_ERROR,
+    })
+}
+
+/// Whether a hook should only pass the call on.
+fn passthrough() -> bool {
+    !config::enabled() || guard::reentered()
+}
+
+/// Bookkeeping after NCCL made (or started making) `comm`.
+fn made(
+    real: &Real,
+    r: NcclResult,
+    comm: Comm,
+    domain: Option<std::sync::Arc<domain::Domain>>,
+    rank: usize,
+    nranks: usize,
+) {
+    let (true, false, Some(domain)) = (
+        r == nccl::SUCCESS || r == nccl::IN_PROGRESS,
+        comm.is_null(),
+        domain,
+    ) else {
+        return;
+    };
+    let st = domain::register(comm, domain, rank, nranks);
+    if guard::in_group() {
+        guard::defer(Deferred::Setup(comm));
+    } else if r == nccl::SUCCESS {
+        // SAFETY: NCCL just made `comm`.
+        unsafe { split::setup(real, comm, &st) };
+    } // else non-blocking creation: set up at the first split-worthy call.
+}
+
+/// The domain for a communicator of `nranks` made from `id`, this rank counted as arrived.
+fn arrive_by_id(id: &UniqueId, nranks: c_int) -> Option<std::sync::Arc<domain::Domain>> {
+    let n = usize::try_from(nranks).ok().filter(|&n| n > 0)?;
+    let _ = config::settings();
+    domain::arrive(domain::key_of_id(id, n), n, 1, false)
+        .inspect_err(|e| {
+            tracing::info!("ampccl: no shared domain, communicator stays fast-only: {e}")
+        })
+        .ok()
+}
+
+/// # Safety
+/// NCCL's contract for `ncclCommInitRank`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommInitRank(
+    comm: *mut Comm,
+    nranks: c_int,
+    id: UniqueId,
+    rank: c_int,
+) -> NcclResult {
+    with_real("ncclCommInitRank", |real| {
+        if passthrough() || comm.is_null() {
+            // SAFETY: the application's arguments, unchanged.
+            return call_real(|| unsafe { (real.init_rank)(comm, nranks, id, rank) });
+        }
+        let domain = arrive_by_id(&id, nranks);
+        // SAFETY: as above.
+        let r = call_real(|| unsafe { (real.init_rank)(comm, nranks, id, rank) });
+        // SAFETY: `comm` is a valid out-parameter NCCL has written (or left) on return.
+        made(
+            real,
+            r,
+            unsafe { *comm },
+            domain,
+            rank as usize,
+            nranks as usize,
+        );
+        r
+    })
+}
+
+/// # Safety
+/// NCCL's contract for `ncclCommInitRankConfig`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommInitRankConfig(
+    comm: *mut Comm,
+    nranks: c_int,
+    id: UniqueId,
+    rank: c_int,
+    config: *mut c_void,
+) -> NcclResult {
+    with_real("ncclCommInitRankConfig", |real| {
+        if passthrough() || comm.is_null() {
+            // SAFETY: the application's arguments, unchanged.
+            return call_real(|| unsafe {
+                (real.init_rank_config)(comm, nranks, id, rank, config)
+            });
+        }
+        let domain = arrive_by_id(&id, nranks);
+        // SAFETY: as above.
+        let r = call_real(|| unsafe { (real.init_rank_config)(comm, nranks, id, rank, config) });
+        // SAFETY: `comm` is a valid out-parameter.
+        made(
+            real,
+            r,
+            unsafe { *comm },
+            domain,
+            rank as usize,
+            nranks as usize,
+        );
+        r
+    })
+}
+
+/// # Safety
+/// NCCL's contract for `ncclCommInitRankScalable`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommInitRankScalable(
+    comm: *mut Comm,
+    nranks: c_int,
+    rank: c_int,
+    n_id: c_int,
+    ids: *mut UniqueId,
+    config: *mut c_void,
+) -> NcclResult {
+    with_real("ncclCommInitRankScalable", |real| {
+        let Some(f) = real.init_rank_scalable else {
+            return nccl::SYSTEM_ERROR;
+        };
+        if passthrough() || comm.is_null() || ids.is_null() || n_id < 1 {
+            // SAFETY: the application's arguments, unchanged.
+            return call_real(|| unsafe { f(comm, nranks, rank, n_id, ids, config) });
+        }
+        // SAFETY: `ids` points to at least one id (n_id >= 1).
+        let domain = arrive_by_id(unsafe { &*ids }, nranks);
+        // SAFETY: as above.
+        let r = call_real(|| unsafe { f(comm, nranks, rank, n_id, ids, config) });
+        // SAFETY: `comm` is a valid out-parameter.
+        made(
+            real,
+            r,
+            unsafe { *comm },
+            domain,
+            rank as usize,
+            nranks as usize,
+        );
+        r
+    })
+}
+
+/// # Safety
+/// NCCL's contract for `ncclCommInitAll`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommInitAll(
+    comms: *mut Comm,
+    ndev: c_int,
+    devlist: *const c_int,
+) -> NcclResult {
+    with_real("ncclCommInitAll", |real| {
+        // SAFETY: the application's arguments, unchanged.
+        let r = call_real(|| unsafe { (real.init_all)(comms, ndev, devlist) });
+        let Ok(n) = usize::try_from(ndev) else {
+            return r;
+        };
+        if passthrough() || r != nccl::SUCCESS || comms.is_null() || n == 0 {
+            return r;
+        }
+        let _ = config::settings();
+        // One process holds every rank: a private domain under a key no other process has.
+        let key = domain::key_of_split(std::process::id() as u64, comms as u64, ndev);
+        let Ok(domain) = domain::arrive(key, n, n, true).inspect_err(|e| {
+            tracing::info!("ampccl: no domain for ncclCommInitAll, fast-only: {e}")
+        }) else {
+            return r;
+        };
+        for i in 0..n {
+            // SAFETY: NCCL filled `ndev` communicators.
+            let comm = unsafe { *comms.add(i) };
+            made(real, r, comm, Some(domain.clone()), i, n);
+        }
+        r
+    })
+}
+
+/// # Safety
+/// NCCL's contract for `ncclCommSplit`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommSplit(
+    comm: Comm,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut Comm,
+    config: *mut c_void,
+) -> NcclResult {
+    with_real("ncclCommSplit", |real| {
+        // SAFETY: the application's arguments, unchanged.
+        let call = || call_real(|| unsafe { (real.split)(comm, color, key, newcomm, config) });
+        let parent = if passthrough() || newcomm.is_null() {
+            None
+        } else {
+            domain::lookup(comm)
+        };
+        let Some(parent) = parent else { return call() };
+        // Every rank of the parent splits in the same order: the sequence number, the parent's
+        // key and the color name the child domain identically on its ranks.
+        let seq = parent
+            .splits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let domain = (color != nccl::SPLIT_NOCOLOR)
+            .then(|| {
+                let child = domain::key_of_split(parent.domain.key, seq, color);
+                domain::arrive(child, parent.nranks, 1, false)
+                    .inspect_err(|e| tracing::info!("ampccl: no domain for split, fast-only: {e}"))
+                    .ok()
+            })
+            .flatten();
+        let r = call();
+        // SAFETY: `newcomm` is a valid out-parameter.
+        let child = unsafe { *newcomm };
+        if child.is_null() || !(r == nccl::SUCCESS || r == nccl::IN_PROGRESS) {
+            return r;
+        }
+        let (mut rank, mut n) = (-1, 0);
+        // SAFETY: `child` is a communicator NCCL made; out-parameters are valid.
+        let ok = call_real(|| unsafe {
+            (real.user_rank)(child, &mut rank) == nccl::SUCCESS
+                && (real.count)(child, &mut n) == nccl::SUCCESS
+        });
+        if ok && rank >= 0 && n > 0 {
+            made(real, r, child, domain, rank as usize, n as usize);
+        }
+        r
+    })
+}
+
+/// # Safety
+/// NCCL's contract for `ncclCommDestroy`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommDestroy(comm: Comm) -> NcclResult {
+    with_real("ncclCommDestroy", |real| {
+        if !passthrough() {
+            // Drops the PCIe resources once their queued work is done; the domain stays.
+            drop(domain::unregister(comm));
+        }
+        // SAFETY: the application's argument, unchanged.
+        call_real(|| unsafe { (real.destroy)(comm) })
+    })
+}
+
+/// # Safety
+/// NCCL's contract for `ncclCommAbort`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommAbort(comm: Comm) -> NcclResult {
+    with_real("ncclCommAbort", |real| {
+        if !passthrough()
+            && let Some(st) = domain::unregister(comm)
+        {
+            // Streams waiting on peers that may be gone are released; the PCIe resources are
+            // left to the process (their streams may still hold work that never finishes).
+            st.domain.release_waiters();
+            std::mem::forget(st);
+        }
+        // SAFETY: the application's argument, unchanged.
+        call_real(|| unsafe { (real.abort)(comm) })
+    })
+}
+
+/// # Safety
+/// NCCL's contract for `ncclGroupStart`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGroupStart() -> NcclResult {
+    with_real("ncclGroupStart", |real| {
+        if !passthrough() {
+            guard::group_enter();
+        }
+        // SAFETY: no arguments.
+        call_real(|| unsafe { (real.group_start)() })
+    })
+}
+
+/// # Safety
+/// NCCL's contract for `ncclGroupEnd`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGroupEnd() -> NcclResult {
+    with_real("ncclGroupEnd", |real| {
+        // SAFETY: no arguments.
+        let mut r = call_real(|| unsafe { (real.group_end)() });
+        if passthrough() {
+            return r;
+        }
+        for work in guard::group_leave() {
+            match work {
+                Deferred::Setup(comm) => {
+                    if let Some(st) = domain::lookup(comm) {
+                        // SAFETY: NCCL made `comm` in the group that just ended.
+                        unsafe { split::setup(real, comm, &st) };
+                    }
+                }
+                Deferred::Join(comm, stream) => {
+                    let j = split::join_deferred(comm, stream);
+                    if r == nccl::SUCCESS {
+                        r = j;
+                    }
+                }
+            }
+        }
+        r
+    })
+}
+
+/// Runs a collective hook.
+fn collective(name: &str, call: Call, comm: Comm, stream: Stream) -> NcclResult {
+    with_real(name, |real| {
+        if passthrough() {
+            // SAFETY: the application's arguments, unchanged.
+            return unsafe { call.full(real, comm, stream) };
+        }
+        // SAFETY: as above.
+        unsafe { split::run(real, call, comm, stream) }
+    })
+}
+
+/// # Safety
+/// NCCL's contract for `ncclAllReduce`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclAllReduce(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dt: c_int,
+    op: c_int,
+    comm: Comm,
+    stream: Stream,
+) -> NcclResult {
+    collective(
+        "ncclAllReduce",
+        Call::AllReduce {
+            send,
+            recv,
+            count,
+            dt,
+            op,
+        },
+        comm,
+        stream,
+    )
+}
+
+/// # Safety
+/// NCCL's contract for `ncclAllGather`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclAllGather(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dt: c_int,
+    comm: Comm,
+    stream: Stream,
+) -> NcclResult {
+    collective(
+        "ncclAllGather",
+        Call::AllGather {
+            send,
+            recv,
+            count,
+            dt,
+        },
+        comm,
+        stream,
+    )
+}
+
+/// # Safety
+/// NCCL's contract for `ncclReduceScatter`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclReduceScatter(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dt: c_int,
+    op: c_int,
+    comm: Comm,
+    stream: Stream,
+) -> NcclResult {
+    collective(
+        "ncclReduceScatter",
+        Call::ReduceScatter {
+            send,
+            recv,
+            count,
+            dt,
+            op,
+        },
+        comm,
+        stream,
+    )
+}
+
+/// # Safety
+/// NCCL's contract for `ncclBroadcast`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclBroadcast(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dt: c_int,
+    root: c_int,
+    comm: Comm,
+    stream: Stream,
+) -> NcclResult {
+    collective(
+        "ncclBroadcast",
+        Call::Broadcast {
+            send,
+            recv,
+            count,
+            dt,
+            root,
+        },
+        comm,
+        stream,
+    )
+}
+
+/// # Safety
+/// NCCL's contract for `ncclReduce`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclReduce(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: usize,
+    dt: c_int,
+    op: c_int,
+    root: c_int,
+    comm: Comm,
+    stream: Stream,
+) -> NcclResult {
+    collective(
+        "ncclReduce",
+        Call::Reduce {
+            send,
+            recv,
+            count,
+            dt,
+            op,
+            root,
+        },
+        comm,
+        stream,
+    )
+}

@@ -1,0 +1,401 @@
+//! One intercepted collective: plan the split, enqueue the PCIe part on the side streams,
+//! hand NCCL its part on the user's stream, join.
+//!
+//! Order on the user's stream: the PCIe part's start event is recorded *before* NCCL's kernel
+//! (so the side streams do not wait for NCCL) and the join *after* it (so the two overlap).
+//! Inside a group NCCL launches at `ncclGroupEnd`, so the join is deferred to then.
+//!
+//! How NCCL's part is expressed: allreduce, broadcast and reduce take a prefix of the buffer;
+//! allgather and reduce-scatter take a prefix of every rank block, which no single NCCL
+//! collective addresses, so allgather becomes grouped `ncclSend`/`ncclRecv` and reduce-scatter
+//! grouped `ncclReduce`s (one per root).
+
+use std::ffi::{c_int, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use ampccl::multipath::pcie::{PcieKind, PcieOp, PcieRank};
+use ampccl_runtime::cuda::StreamRef;
+
+use crate::config::settings;
+use crate::domain::{self, CommState, Pcie};
+use crate::guard::{self, Deferred, call_real};
+use crate::nccl::{self, NcclResult};
+use crate::real::Real;
+
+/// A collective call as NCCL received it.
+#[derive(Clone, Copy, Debug)]
+pub enum Call {
+    AllReduce {
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dt: c_int,
+        op: c_int,
+    },
+    AllGather {
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dt: c_int,
+    },
+    ReduceScatter {
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dt: c_int,
+        op: c_int,
+    },
+    Broadcast {
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dt: c_int,
+        root: c_int,
+    },
+    Reduce {
+        send: *const c_void,
+        recv: *mut c_void,
+        count: usize,
+        dt: c_int,
+        op: c_int,
+        root: c_int,
+    },
+}
+
+impl Call {
+    /// The whole call, to NCCL alone.
+    ///
+    /// # Safety
+    /// The arguments are the application's, passed on unchanged.
+    pub unsafe fn full(&self, real: &Real, comm: nccl::Comm, stream: nccl::Stream) -> NcclResult {
+        // SAFETY: the application's own arguments, unchanged.
+        call_real(|| unsafe {
+            match *self {
+                Call::AllReduce {
+                    send,
+                    recv,
+                    count,
+                    dt,
+                    op,
+                } => (real.all_reduce)(send, recv, count, dt, op, comm, stream),
+                Call::AllGather {
+                    send,
+                    recv,
+                    count,
+                    dt,
+                } => (real.all_gather)(send, recv, count, dt, comm, stream),
+                Call::ReduceScatter {
+                    send,
+                    recv,
+                    count,
+                    dt,
+                    op,
+                } => (real.reduce_scatter)(send, recv, count, dt, op, comm, stream),
+                Call::Broadcast {
+                    send,
+                    recv,
+                    count,
+                    dt,
+                    root,
+                } => (real.broadcast)(send, recv, count, dt, root, comm, stream),
+                Call::Reduce {
+                    send,
+                    recv,
+                    count,
+                    dt,
+                    op,
+                    root,
+                } => (real.reduce)(send, recv, count, dt, op, root, comm, stream),
+            }
+        })
+    }
+
+    fn dt(&self) -> c_int {
+        match *self {
+            Call::AllReduce { dt, .. }
+            | Call::AllGather { dt, .. }
+            | Call::ReduceScatter { dt, .. }
+            | Call::Broadcast { dt, .. }
+            | Call::Reduce { dt, .. } => dt,
+        }
+    }
+
+    /// The reduction operator (`Sum` for collectives without one).
+    fn op(&self) -> Option<ampccl::ReduceOp> {
+        match *self {
+            Call::AllReduce { op, .. }
+            | Call::ReduceScatter { op, .. }
+            | Call::Reduce { op, .. } => nccl::redop(op),
+            _ => Some(ampccl::ReduceOp::Sum),
+        }
+    }
+
+    /// The PCIe part for rank blocks split at `fast` with `pcie` elements each.
+    fn pcie_op(
+        &self,
+        dtype: ampccl::DataType,
+        op: ampccl::ReduceOp,
+        fast: usize,
+        pcie: usize,
+    ) -> PcieOp {
+        let (kind, send, recv, block) = match *self {
+            Call::AllReduce {
+                send, recv, count, ..
+            } => (PcieKind::AllReduce, send, recv, count),
+            Call::AllGather {
+                send, recv, count, ..
+            } => (PcieKind::AllGather, send, recv, count),
+            Call::ReduceScatter {
+                send, recv, count, ..
+            } => (PcieKind::ReduceScatter, send, recv, count),
+            Call::Broadcast {
+                send,
+                recv,
+                count,
+                root,
+                ..
+            } => (
+                PcieKind::Broadcast {
+                    root: root as usize,
+                },
+                send,
+                recv,
+                count,
+            ),
+            Call::Reduce {
+                send,
+                recv,
+                count,
+                root,
+                ..
+            } => (
+                PcieKind::Reduce {
+                    root: root as usize,
+                },
+                send,
+                recv,
+                count,
+            ),
+        };
+        PcieOp {
+            kind,
+            dtype,
+            op,
+            send: send as u64,
+            recv: recv as u64,
+            block,
+            start: fast,
+            len: pcie,
+        }
+    }
+
+    /// Elements per rank block, and the bytes the call moves (the larger of its buffers).
+    fn block(&self, nranks: usize, es: usize) -> (usize, usize) {
+        match *self {
+            Call::AllReduce { count, .. }
+            | Call::Broadcast { count, .. }
+            | Call::Reduce { count, .. } => (count, count * es),
+            Call::AllGather { count, .. } | Call::ReduceScatter { count, .. } => {
+                (count, count * es * nranks)
+            }
+        }
+    }
+
+    /// NCCL's part: the first `fast` elements of every block.
+    ///
+    /// # Safety
+    /// The application's buffers, as NCCL was given them.
+    unsafe fn fast(
+        &self,
+        real: &Real,
+        rank: &PcieRank,
+        st: &CommState,
+        (fast, es): (usize, usize),
+        (comm, stream): (nccl::Comm, nccl::Stream),
+    ) -> NcclResult {
+        let n = st.nranks;
+        // SAFETY: the prefixes lie inside the application's buffers.
+        call_real(|| unsafe {
+            match *self {
+                Call::AllReduce {
+                    send, recv, dt, op, ..
+                } => (real.all_reduce)(send, recv, fast, dt, op, comm, stream),
+                Call::Broadcast {
+                    send,
+                    recv,
+                    dt,
+                    root,
+                    ..
+                } => (real.broadcast)(send, recv, fast, dt, root, comm, stream),
+                Call::Reduce {
+                    send,
+                    recv,
+                    dt,
+                    op,
+                    root,
+                    ..
+                } => (real.reduce)(send, recv, fast, dt, op, root, comm, stream),
+                Call::AllGather {
+                    send,
+                    recv,
+                    count,
+                    dt,
+                } => {
+                    let block = |p: usize| recv.cast::<u8>().add(p * count * es);
+                    let own = rank.copy_on(
+                        StreamRef::from_raw(stream),
+                        block(st.rank) as u64,
+                        send as u64,
+                        fast * es,
+                    );
+                    if let Err(e) = own {
+                        tracing::error!("ampccl: allgather local copy: {e}");
+                        return nccl::INTERNAL_ERROR;
+                    }
+                    grouped(real, |first_error| {
+                        for p in (0..n).filter(|&p| p != st.rank) {
+                            first_error((real.send)(send, fast, dt, p as c_int, comm, stream));
+                            first_error((real.recv)(
+                                block(p).cast(),
+                                fast,
+                                dt,
+                                p as c_int,
+                                comm,
+                                stream,
+                            ));
+                        }
+                    })
+                }
+                Call::ReduceScatter {
+                    send,
+                    recv,
+                    count,
+                    dt,
+                    op,
+                } => grouped(real, |first_error| {
+                    for r in 0..n {
+                        let src = send.cast::<u8>().add(r * count * es).cast::<c_void>();
+                        first_error((real.reduce)(
+                            src, recv, fast, dt, op, r as c_int, comm, stream,
+                        ));
+                    }
+                }),
+            }
+        })
+    }
+}
+
+/// Runs the NCCL calls `body` makes inside one group; the first failure wins.
+unsafe fn grouped(real: &Real, body: impl FnOnce(&mut dyn FnMut(NcclResult))) -> NcclResult {
+    // SAFETY: plain NCCL group calls around the application's operations.
+    let mut r = unsafe { (real.group_start)() };
+    if r != nccl::SUCCESS {
+        return r;
+    }
+    body(&mut |x| {
+        if r == nccl::SUCCESS {
+            r = x;
+        }
+    });
+    // SAFETY: closes the group opened above.
+    let end = unsafe { (real.group_end)() };
+    if r == nccl::SUCCESS { end } else { r }
+}
+
+/// Runs `call` on `comm`, split when the planner says so.
+///
+/// # Safety
+/// The arguments are the application's, as NCCL would get them.
+pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Stream) -> NcclResult {
+    // SAFETY: forwarded from the caller.
+    let full = || unsafe { call.full(real, comm, stream) };
+    let Some(st) = domain::lookup(comm) else {
+        return full();
+    };
+    let (Some(dtype), Some(op)) = (nccl::dtype(call.dt()), call.op()) else {
+        return full();
+    };
+    let es = dtype.size();
+    let (block, bytes) = call.block(st.nranks, es);
+    let s = settings();
+    let split = s.rules.split(block, es, bytes, s.alpha);
+    if !split.uses_pcie() {
+        return full();
+    }
+    let mut pcie = st.pcie.lock().unwrap_or_else(|e| e.into_inner());
+    if matches!(*pcie, Pcie::Pending) {
+        drop(pcie);
+        // SAFETY: `comm` is registered, so NCCL made it.
+        unsafe { setup(real, comm, &st) };
+        pcie = st.pcie.lock().unwrap_or_else(|e| e.into_inner());
+    }
+    if !CommState::agree(&mut pcie, &st) {
+        return full();
+    }
+    let Pcie::Ready { rank, .. } = &mut *pcie else {
+        return full();
+    };
+    let user = StreamRef::from_raw(stream);
+    match rank.capturing(user) {
+        Ok(false) => {}
+        Ok(true) => return full(),
+        Err(e) => {
+            log_once(&format!("cannot query stream capture: {e}"));
+            return full();
+        }
+    }
+    let pop = call.pcie_op(dtype, op, split.fast, split.pcie);
+    // SAFETY: the buffers are the application's, sized as the collective implies.
+    if let Err(e) = unsafe { rank.enqueue(&pop, user) } {
+        log_once(&format!("PCIe part failed, call done by NCCL alone: {e}"));
+        return full();
+    }
+    // SAFETY: as above.
+    let r = unsafe { call.fast(real, rank, &st, (split.fast, es), (comm, stream)) };
+    if guard::in_group() {
+        guard::defer(Deferred::Join(comm, stream));
+    } else if let Err(e) = rank.join(user) {
+        tracing::error!("ampccl: joining the PCIe part failed: {e}");
+        return nccl::INTERNAL_ERROR;
+    }
+    r
+}
+
+/// Sets up `comm`'s PCIe path (NCCL must have finished making it).
+///
+/// # Safety
+/// `comm` must be a communicator NCCL made.
+pub unsafe fn setup(real: &Real, comm: nccl::Comm, st: &CommState) {
+    let mut dev: c_int = -1;
+    // SAFETY: `comm` is a communicator NCCL made; `dev` is a valid out-parameter.
+    let r = call_real(|| unsafe { (real.cu_device)(comm, &mut dev) });
+    if r != nccl::SUCCESS {
+        tracing::info!("ampccl: ncclCommCuDevice failed ({r}); communicator stays fast-only");
+        dev = -1;
+    }
+    st.setup(dev);
+}
+
+/// Applies deferred joins for `comm`.
+pub fn join_deferred(comm: nccl::Comm, stream: nccl::Stream) -> NcclResult {
+    let Some(st) = domain::lookup(comm) else {
+        return nccl::SUCCESS;
+    };
+    let pcie = st.pcie.lock().unwrap_or_else(|e| e.into_inner());
+    if let Pcie::Ready { rank, .. } = &*pcie
+        && let Err(e) = rank.join(StreamRef::from_raw(stream))
+    {
+        tracing::error!("ampccl: joining the PCIe part failed: {e}");
+        return nccl::INTERNAL_ERROR;
+    }
+    nccl::SUCCESS
+}
+
+fn log_once(msg: &str) {
+    static LOGGED: AtomicBool = AtomicBool::new(false);
+    if !LOGGED.swap(true, Ordering::Relaxed) {
+        tracing::warn!("ampccl: {msg}");
+    } else {
+        tracing::debug!("ampccl: {msg}");
+    }
+}
