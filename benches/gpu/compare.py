@@ -39,7 +39,7 @@ def bench(files):
     base = {(r["op"], r["bytes"]): r for r in runs[0]["rows"]}
     head = f"{'op':>13} {'bytes':>11} | {'NCCL busbw':>10}"
     for run in runs[1:]:
-        head += f" | {'a=' + str(run.get('alpha')):>9} {'ratio':>6}"
+        head += f" | {str(run.get('alpha'))[:9]:>9} {'ratio':>6}"
     print(head)
     for key, r0 in base.items():
         line = f"{key[0]:>13} {key[1]:>11} | {r0['busbw']:>10.1f}"
