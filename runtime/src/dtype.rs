@@ -6,7 +6,7 @@
 use half::{bf16, f16};
 
 /// Element type of a collective buffer (values as `ncclDataType_t`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(i32)]
 pub enum DataType {
     I8 = 0,

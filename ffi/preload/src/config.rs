@@ -11,6 +11,7 @@
 //! | `AMPCCL_ALIGN` | `4096` | the PCIe part is a multiple of this many bytes |
 //! | `AMPCCL_CHUNK_SIZE` | `4M` | pipeline chunk (staging slot) per rank |
 //! | `AMPCCL_SLOTS` | `4` | staging slots per rank (pipeline depth) |
+//! | `AMPCCL_REPORT` | `0` | `1`: print each communicator's measured split calls at destroy |
 //! | `AMPCCL_LOG` | `warn` | log filter |
 
 use std::sync::OnceLock;
@@ -26,6 +27,7 @@ pub struct Settings {
     pub rules: PlannerRules,
     pub chunk_bytes: usize,
     pub slots: usize,
+    pub report: bool,
 }
 
 /// Whether the interposer is on (`AMPCCL_ENABLE`, read once; cheap afterwards).
@@ -77,6 +79,7 @@ impl Settings {
             },
             chunk_bytes: chunk,
             slots: size("AMPCCL_SLOTS", 4).clamp(2, 64),
+            report: get("AMPCCL_REPORT").is_some_and(|v| v.trim() == "1"),
         }
     }
 }

@@ -161,6 +161,8 @@ pub struct CommState {
     /// Splits of this communicator so far (keys of the children).
     pub splits: std::sync::atomic::AtomicU64,
     pub pcie: Mutex<Pcie>,
+    /// Measured times of split calls (for `AMPCCL_REPORT`).
+    pub tally: Mutex<crate::report::Tally>,
 }
 
 static COMMS: RwLock<Option<HashMap<usize, Arc<CommState>>>> = RwLock::new(None);
@@ -188,6 +190,7 @@ pub fn register(
         nranks,
         splits: std::sync::atomic::AtomicU64::new(0),
         pcie: Mutex::new(Pcie::Pending),
+        tally: Mutex::new(Default::default()),
     });
     tracing::debug!(comm = ?comm, rank, nranks, key = st.domain.key, "communicator registered");
     COMMS
@@ -208,6 +211,30 @@ pub fn unregister(comm: nccl::Comm) -> Option<Arc<CommState>> {
 }
 
 impl CommState {
+    /// Collects the timings of completed calls and, with `AMPCCL_REPORT=1`, prints the table.
+    pub fn report(&self) {
+        let mut pcie = self.pcie.lock().unwrap_or_else(|e| e.into_inner());
+        if let Pcie::Ready { rank, .. } = &mut *pcie {
+            let mut done = Vec::new();
+            // Destroy may block: let the last calls finish so that they are counted.
+            rank.wait_idle();
+            rank.poll_timings(&mut done);
+            self.tally
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .add(&done);
+        }
+        if settings().report {
+            eprint!(
+                "{}",
+                self.tally
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .render(self.rank)
+            );
+        }
+    }
+
     /// Sets up the PCIe path of this rank on `device` and publishes the outcome to the domain.
     pub fn setup(&self, device: i32) {
         let mut pcie = self.pcie.lock().unwrap_or_else(|e| e.into_inner());

@@ -19,6 +19,7 @@ pub mod domain;
 pub mod guard;
 pub mod nccl;
 pub mod real;
+pub mod report;
 pub mod split;
 
 use std::ffi::{c_int, c_void};
@@ -266,9 +267,12 @@ pub unsafe extern "C" fn ncclCommSplit(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommDestroy(comm: Comm) -> NcclResult {
     with_real("ncclCommDestroy", |real| {
-        if !passthrough() {
+        if !passthrough()
+            && let Some(st) = domain::unregister(comm)
+        {
+            st.report();
             // Drops the PCIe resources once their queued work is done; the domain stays.
-            drop(domain::unregister(comm));
+            drop(st);
         }
         // SAFETY: the application's argument, unchanged.
         call_real(|| unsafe { (real.destroy)(comm) })

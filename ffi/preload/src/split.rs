@@ -110,6 +110,17 @@ impl Call {
         })
     }
 
+    /// Position in [`crate::report`]'s list of collectives.
+    fn index(&self) -> usize {
+        match self {
+            Call::AllReduce { .. } => 0,
+            Call::AllGather { .. } => 1,
+            Call::ReduceScatter { .. } => 2,
+            Call::Broadcast { .. } => 3,
+            Call::Reduce { .. } => 4,
+        }
+    }
+
     fn dt(&self) -> c_int {
         match *self {
             Call::AllReduce { dt, .. }
@@ -345,13 +356,29 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
         }
     }
     let pop = call.pcie_op(dtype, op, split.fast, split.pcie);
+    let mut done = Vec::new();
+    let alpha = split.fast as f64 / block.max(1) as f64;
+    let timed = rank.time_call(
+        user,
+        crate::report::tag(call.index(), bytes, dtype, alpha),
+        &mut done,
+    );
     // SAFETY: the buffers are the application's, sized as the collective implies.
-    if let Err(e) = unsafe { rank.enqueue(&pop, user) } {
+    if let Err(e) = unsafe { rank.enqueue(&pop, user, timed) } {
         log_once(&format!("PCIe part failed, call done by NCCL alone: {e}"));
         return full();
     }
     // SAFETY: as above.
     let r = unsafe { call.fast(real, rank, &st, (split.fast, es), (comm, stream)) };
+    if let Some(t) = timed {
+        let _ = rank.time_fast_end(t, user);
+    }
+    if !done.is_empty() {
+        st.tally
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add(&done);
+    }
     if guard::in_group() {
         guard::defer(Deferred::Join(comm, stream));
     } else if let Err(e) = rank.join(user) {

@@ -29,6 +29,7 @@ mod broadcast;
 pub mod layout;
 mod reduce;
 mod reducescatter;
+mod timing;
 
 use std::sync::Arc;
 
@@ -38,6 +39,8 @@ use ampccl_runtime::cuda::{
 use ampccl_runtime::{DataType, ReduceOp};
 
 pub use layout::{HeaderRef, Layout, RankStatus};
+use timing::TimingRing;
+pub use timing::{CallTiming, Timed};
 
 use crate::{Error, Result};
 
@@ -128,16 +131,14 @@ struct Resources {
     recv_done: CudaEvent,
     scratch: DeviceBuffer,
     kernels: ReduceKernels,
+    timing: TimingRing,
 }
 
 impl Drop for PcieRank {
     fn drop(&mut self) {
-        let ctx = self.device.enter();
-        if ctx.is_ok() {
-            // Work still queued may use the scratch buffer and the kernels: let it finish.
-            let _ = self.res.send.handle().synchronize();
-            let _ = self.res.recv.handle().synchronize();
-        }
+        let _ctx = self.device.enter();
+        // Work still queued may use the scratch buffer and the kernels: let it finish.
+        self.wait_idle();
         // SAFETY: dropped exactly once, here; the context is current when it could be entered
         // (otherwise the driver is gone and releasing is moot).
         unsafe { std::mem::ManuallyDrop::drop(&mut self.res) };
@@ -167,6 +168,7 @@ impl PcieRank {
             recv_done: CudaEvent::new(false)?,
             scratch: DeviceBuffer::new((nranks - 1).max(1) * area.layout.slot_bytes)?,
             kernels: ReduceKernels::load(&device)?,
+            timing: TimingRing::new()?,
         };
         drop(ctx);
         Ok(PcieRank {
@@ -203,6 +205,14 @@ impl PcieRank {
         unsafe { user.copy_dtod(dst, src, bytes) }
     }
 
+    /// Blocks until the side streams have run everything enqueued so far.
+    pub fn wait_idle(&self) {
+        if let Ok(_ctx) = self.device.enter() {
+            let _ = self.res.send.handle().synchronize();
+            let _ = self.res.recv.handle().synchronize();
+        }
+    }
+
     /// Whether `user` is being captured into a CUDA graph.
     pub fn capturing(&self, user: StreamRef) -> Result<bool> {
         let _ctx = self.device.enter()?;
@@ -215,7 +225,12 @@ impl PcieRank {
     /// # Safety
     /// The buffers named by `op` must be device memory of the sizes the collective implies,
     /// valid until the user's stream passes the join.
-    pub unsafe fn enqueue(&mut self, op: &PcieOp, user: StreamRef) -> Result<()> {
+    pub unsafe fn enqueue(
+        &mut self,
+        op: &PcieOp,
+        user: StreamRef,
+        timed: Option<Timed>,
+    ) -> Result<()> {
         if let PcieKind::Broadcast { root } | PcieKind::Reduce { root } = op.kind
             && root >= self.nranks
         {
@@ -232,6 +247,9 @@ impl PcieRank {
         user.record(&self.res.before)?;
         self.res.send.handle().wait_event(&self.res.before)?;
         self.res.recv.handle().wait_event(&self.res.before)?;
+        if let Some(t) = timed {
+            self.res.timing.pcie_start(t, self.res.send.handle())?;
+        }
         let algo = algorithm(op.kind);
         for c in 0..plan.chunks {
             let g = first + c as u64;
@@ -253,7 +271,36 @@ impl PcieRank {
                 x.end_recv()?;
             }
         }
+        if let Some(t) = timed {
+            self.res.timing.pcie_end(t, self.res.recv.handle())?;
+        }
         Ok(())
+    }
+
+    /// Starts timing a split call tagged `tag` on `user` (before anything of the call is
+    /// enqueued); completed timings of earlier calls found on the way go to `done`. `None`
+    /// when no timing slot is free (the call then runs untimed).
+    pub fn time_call(
+        &mut self,
+        user: StreamRef,
+        tag: u64,
+        done: &mut Vec<CallTiming>,
+    ) -> Option<Timed> {
+        let _ctx = self.device.enter().ok()?;
+        self.res.timing.begin(user, tag, done)
+    }
+
+    /// Marks the end of NCCL's part of a timed call on `user`.
+    pub fn time_fast_end(&self, t: Timed, user: StreamRef) -> Result<()> {
+        let _ctx = self.device.enter()?;
+        self.res.timing.fast_end(t, user)
+    }
+
+    /// Moves the timings of every completed call to `done` (never blocks).
+    pub fn poll_timings(&mut self, done: &mut Vec<CallTiming>) {
+        if let Ok(_ctx) = self.device.enter() {
+            self.res.timing.poll(done);
+        }
     }
 
     /// Makes `user` wait for everything enqueued on the side streams so far. Applying it after
