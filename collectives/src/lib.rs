@@ -15,6 +15,7 @@ mod api;
 mod comm;
 pub mod config;
 pub mod executor;
+pub mod multipath;
 pub mod op;
 pub mod operator;
 pub mod registry;
