@@ -9,3 +9,9 @@ pub mod controller;
 pub mod key;
 pub mod param;
 pub mod sim;
+pub mod store;
+
+#[cfg(all(test, ampccl_loom))]
+mod tests {
+    mod loom_store;
+}
