@@ -3,13 +3,24 @@
 //!
 //! - [`key::OpKey`] / [`param::ParamValue`]: what is learned, per collective, size bucket, dtype.
 //! - [`controller`]: sans-I/O controllers (`bw` default, `tcp`, `dcqcn`, `static`).
+//! - [`store::ShmParamStore`]: the per-domain shared table (rank 0 aggregates the ranks' stats
+//!   and writes it) and the decision ring that makes every rank use the same split per call.
+//! - [`persist`]: `AMPCCL_PARAM_FILE` warm start; [`config`]: the env tunables; [`report()`]:
+//!   the learned table as text (`AMPCCL_REPORT=1`).
 //! - [`sim`]: a simulated two-path link the controllers are tested against.
+//!
+//! (`planner` and the `pcie` backend live beside these, written separately.)
 
+pub mod config;
 pub mod controller;
 pub mod key;
 pub mod param;
+pub mod persist;
+mod report;
 pub mod sim;
 pub mod store;
+
+pub use report::report;
 
 #[cfg(all(test, ampccl_loom))]
 mod tests {
