@@ -12,7 +12,7 @@
 //! ```
 //! Every rank writes only its own stat slots (one per key: its latest [`ExecStat`] and the call
 //! it belongs to) and its `consumed` counter; rank 0 alone writes the table. Slots and table
-//! entries are single-writer seqlocks ([`seqlock`]); keys are claimed lock-free; nothing a
+//! entries are single-writer seqlocks (`store/seqlock.rs`); keys are claimed lock-free; nothing a
 //! crashed process could leave held blocks the others (an interrupted seqlock write only makes
 //! that entry unreadable until its writer writes again; readers give up after bounded retries).
 
@@ -430,7 +430,7 @@ impl ShmParamStore {
 
     /// The split for this rank's call `call_index` (0, 1, 2, ... — every rank counts its
     /// multipath calls identically): `proposal` if this rank proposes first, else the first
-    /// proposer's. See [`ring`] for the protocol. Errors: [`StoreError::Mismatch`] (the ranks'
+    /// proposer's. See `store/ring.rs` for the protocol. Errors: [`StoreError::Mismatch`] (the ranks'
     /// calls differ: do not split) and [`StoreError::OutOfOrder`].
     pub fn decide(&self, call_index: u64, proposal: Decision) -> Result<Decision, StoreError> {
         let l = self.layout;

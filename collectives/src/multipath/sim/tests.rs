@@ -13,8 +13,8 @@ struct Scenario {
     pcie: SimPath,
 }
 
-/// Scenarios `64M`, `8M`, `equal`: an NVLink-class fast path with a PCIe path at ~1/6 of it (64 MiB), a latency-heavy 8 MiB
-/// case, and two equal paths (optimal alpha 0.5).
+/// Scenarios `64M`, `8M`, `equal`: an NVLink-class fast path with a PCIe path at ~1/6 of it
+/// (64 MiB), a latency-heavy 8 MiB case, and two equal paths (optimal alpha 0.5).
 fn scenarios() -> [Scenario; 3] {
     let p = |bw_gbps, lat_us| SimPath { bw_gbps, lat_us };
     [
