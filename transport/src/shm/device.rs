@@ -6,7 +6,9 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
-use ampccl_runtime::doorbell::{Doorbell, DoorbellWords};
+use ampccl_runtime::doorbell::Doorbell;
+#[cfg(not(ampccl_loom))]
+use ampccl_runtime::doorbell::DoorbellWords;
 use ampccl_runtime::{Error, Result};
 
 use super::layout::*;
@@ -38,6 +40,20 @@ pub struct ShmDevice {
 /// Formats an operation record published with [`ShmDevice::set_op`].
 pub type OpFormatter = fn(&[u64]) -> Option<String>;
 
+/// The doorbell in the header of a peer's segment.
+#[cfg(not(ampccl_loom))]
+fn peer_doorbell(v: &View, s: &Arc<Segment>) -> Doorbell {
+    // SAFETY: the doorbell words lie in the header of a mapping kept alive by `s`.
+    unsafe { Doorbell::from_shared(v.base.add(H_DOORBELL).cast::<DoorbellWords>(), s.clone()) }
+}
+
+/// Under loom the shm device is only compiled (for the crates above it), never run; loom's
+/// doorbell cannot live in shared memory.
+#[cfg(ampccl_loom)]
+fn peer_doorbell(_: &View, _: &Arc<Segment>) -> Doorbell {
+    Doorbell::new()
+}
+
 impl ShmDevice {
     pub(super) fn new(
         rank: usize,
@@ -56,12 +72,7 @@ impl ShmDevice {
         let bells = views
             .iter()
             .zip(&segs)
-            .map(|(v, s)| {
-                // SAFETY: the doorbell words lie in the header of a mapping kept alive by `s`.
-                unsafe {
-                    Doorbell::from_shared(v.base.add(H_DOORBELL).cast::<DoorbellWords>(), s.clone())
-                }
-            })
+            .map(|(v, s)| peer_doorbell(v, s))
             .collect();
         ShmDevice {
             rank,

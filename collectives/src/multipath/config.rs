@@ -1,0 +1,86 @@
+//! Multipath tunables, read from the environment in one place (the crate's
+//! [`crate::config`] pattern) and logged once at init.
+//!
+//! | variable | default | meaning |
+//! |---|---|---|
+//! | `AMPCCL_ALGO` | `bw` | split controller: `bw`, `tcp`, `dcqcn`, `static`, `static:<alpha>` |
+//! | `AMPCCL_PARAM_FILE` | (none) | learned table: loaded at init if valid, saved at destroy |
+//! | `AMPCCL_REPORT` | 0 | `1`: print the learned table ([`super::report`]) at exit |
+
+use std::path::PathBuf;
+
+use ampccl_runtime::{Error, Result};
+
+use super::controller::{self, Controller};
+
+/// Multipath configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MpConfig {
+    /// Controller spec, valid for [`controller::by_name`].
+    pub algo: String,
+    pub param_file: Option<PathBuf>,
+    pub report: bool,
+}
+
+impl Default for MpConfig {
+    fn default() -> Self {
+        MpConfig {
+            algo: controller::DEFAULT.to_string(),
+            param_file: None,
+            report: false,
+        }
+    }
+}
+
+impl MpConfig {
+    /// Defaults overridden by the environment.
+    pub fn from_env() -> Result<MpConfig> {
+        MpConfig::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// As [`MpConfig::from_env`] with a custom lookup (tests).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<MpConfig> {
+        let mut c = MpConfig::default();
+        if let Some(a) = get("AMPCCL_ALGO").filter(|s| !s.trim().is_empty()) {
+            if controller::by_name(&a).is_none() {
+                return Err(Error::InvalidArgument(format!(
+                    "AMPCCL_ALGO={a:?}: expected bw, tcp, dcqcn, static or static:<alpha in 0..=1>"
+                )));
+            }
+            c.algo = a.trim().to_string();
+        }
+        c.param_file = get("AMPCCL_PARAM_FILE")
+            .filter(|s| !s.is_empty())
+            .map(PathBuf::from);
+        c.report = get("AMPCCL_REPORT").is_some_and(|v| v.trim() == "1");
+        tracing::debug!(?c, "multipath config");
+        Ok(c)
+    }
+
+    /// A fresh controller of the configured kind.
+    pub fn controller(&self) -> Box<dyn Controller> {
+        controller::by_name(&self.algo).unwrap_or_else(|| Box::new(controller::bw::Bw::new()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_overrides_and_rejects_garbage() {
+        let c = MpConfig::from_lookup(|k| match k {
+            "AMPCCL_ALGO" => Some("static:0.8".into()),
+            "AMPCCL_PARAM_FILE" => Some("/tmp/p.json".into()),
+            "AMPCCL_REPORT" => Some("1".into()),
+            _ => None,
+        })
+        .expect("config");
+        assert_eq!(c.controller().name(), "static");
+        assert_eq!(c.param_file, Some(PathBuf::from("/tmp/p.json")));
+        assert!(c.report);
+        let d = MpConfig::from_lookup(|_| None).expect("defaults");
+        assert_eq!((d.controller().name(), d.report), ("bw", false));
+        assert!(MpConfig::from_lookup(|k| (k == "AMPCCL_ALGO").then(|| "cubic".into())).is_err());
+    }
+}
