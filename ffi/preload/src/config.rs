@@ -5,7 +5,9 @@
 //! |---|---|---|
 //! | `AMPCCL_ENABLE` | `1` | `0`: every call goes straight to NCCL |
 //! | `AMPCCL_ENABLE_PCIE` | `1` | `0`: keep the bookkeeping, never split |
-//! | `AMPCCL_ALPHA` | `0.875` | fraction of each split call's bytes carried by NCCL |
+//! | `AMPCCL_ALGO` | `bw` | split controller: `bw`, `tcp`, `dcqcn`, `static`, `static:<alpha>` |
+//! | `AMPCCL_ALPHA` | unset | a static split: fraction of each call's bytes carried by NCCL (same as `AMPCCL_ALGO=static:<alpha>`) |
+//! | `AMPCCL_PARAM_FILE` | unset | learned table saved at destroy, loaded at init |
 //! | `AMPCCL_MIN_MSG_SIZE` | `16M` | calls moving fewer bytes are not split |
 //! | `AMPCCL_MIN_CHUNK_SIZE` | `1M` | PCIe parts smaller than this are not worth it |
 //! | `AMPCCL_ALIGN` | `4096` | the PCIe part is a multiple of this many bytes |
@@ -16,6 +18,7 @@
 
 use std::sync::OnceLock;
 
+use ampccl::multipath::config::MpConfig;
 use ampccl::multipath::planner::PlannerRules;
 
 /// The interposer's settings.
@@ -23,11 +26,11 @@ use ampccl::multipath::planner::PlannerRules;
 pub struct Settings {
     pub enable: bool,
     pub pcie: bool,
-    pub alpha: f64,
+    /// Controller, parameter file, report.
+    pub mp: MpConfig,
     pub rules: PlannerRules,
     pub chunk_bytes: usize,
     pub slots: usize,
-    pub report: bool,
 }
 
 /// Whether the interposer is on (`AMPCCL_ENABLE`, read once; cheap afterwards).
@@ -59,19 +62,7 @@ impl Settings {
         Settings {
             enable: get("AMPCCL_ENABLE").is_none_or(|v| v.trim() != "0"),
             pcie: get("AMPCCL_ENABLE_PCIE").is_none_or(|v| v.trim() != "0"),
-            alpha: get("AMPCCL_ALPHA")
-                .and_then(|v| {
-                    let a = v
-                        .trim()
-                        .parse::<f64>()
-                        .ok()
-                        .filter(|a| (0.0..=1.0).contains(a));
-                    if a.is_none() {
-                        tracing::warn!("AMPCCL_ALPHA={v:?} is not a number in 0..=1; using 0.875");
-                    }
-                    a
-                })
-                .unwrap_or(0.875),
+            mp: multipath(&get),
             rules: PlannerRules {
                 min_msg_bytes: size("AMPCCL_MIN_MSG_SIZE", d.min_msg_bytes),
                 align_bytes: size("AMPCCL_ALIGN", d.align_bytes).max(1),
@@ -79,9 +70,24 @@ impl Settings {
             },
             chunk_bytes: chunk,
             slots: size("AMPCCL_SLOTS", 4).clamp(2, 64),
-            report: get("AMPCCL_REPORT").is_some_and(|v| v.trim() == "1"),
         }
     }
+}
+
+/// The multipath settings; `AMPCCL_ALPHA` selects the static controller with that split.
+fn multipath(get: &impl Fn(&str) -> Option<String>) -> MpConfig {
+    let mut mp = MpConfig::from_lookup(get).unwrap_or_else(|e| {
+        tracing::warn!("{e}; using the default controller");
+        MpConfig::from_lookup(|k| if k == "AMPCCL_ALGO" { None } else { get(k) })
+            .unwrap_or_default()
+    });
+    if let Some(v) = get("AMPCCL_ALPHA") {
+        match v.trim().parse::<f64>() {
+            Ok(a) if (0.0..=1.0).contains(&a) => mp.algo = format!("static:{a}"),
+            _ => tracing::warn!("AMPCCL_ALPHA={v:?} is not a number in 0..=1; ignored"),
+        }
+    }
+    mp
 }
 
 fn parse_size(key: &str, v: &str) -> Option<usize> {
@@ -107,7 +113,7 @@ mod tests {
     fn defaults_and_overrides() {
         let s = Settings::from_lookup(|_| None);
         assert!(s.enable && s.pcie);
-        assert_eq!(s.alpha, 0.875);
+        assert_eq!(s.mp.algo, "bw");
         assert_eq!(s.chunk_bytes, 4 << 20);
         let env = |k: &str| match k {
             "AMPCCL_ENABLE" => Some("0".to_string()),
@@ -119,11 +125,16 @@ mod tests {
         };
         let s = Settings::from_lookup(env);
         assert!(!s.enable);
-        assert_eq!(s.alpha, 0.5);
+        assert_eq!(s.mp.algo, "static:0.5");
         assert_eq!(s.rules.min_msg_bytes, 1 << 20);
         assert_eq!(s.chunk_bytes, 8192, "rounded up to pages");
         assert_eq!(s.slots, 2, "at least double buffering");
         let bad = Settings::from_lookup(|k| (k == "AMPCCL_ALPHA").then(|| "2".to_string()));
-        assert_eq!(bad.alpha, 0.875);
+        assert_eq!(bad.mp.algo, "bw");
+        let algo = Settings::from_lookup(|k| (k == "AMPCCL_ALGO").then(|| "nonsense".to_string()));
+        assert_eq!(
+            algo.mp.algo, "bw",
+            "a bad controller name falls back to the default"
+        );
     }
 }

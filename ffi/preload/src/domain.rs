@@ -12,14 +12,20 @@
 //! host (and this `/dev/shm`). Otherwise the communicator stays fast-only — on every rank
 //! alike, since no host can see all ranks arrive.
 //!
-//! A **communicator** entry ([`CommState`]) maps NCCL's handle to its domain, rank, device and
-//! PCIe resources ([`PcieRank`]), set up once NCCL has made the communicator.
+//! The segment also holds the domain's parameter store ([`ShmParamStore`]): the learned split
+//! table (rank 0 aggregates every rank's measurements and runs the controller) and the decision
+//! ring through which every rank uses the same split for each call.
+//!
+//! A **communicator** entry ([`CommState`]) maps NCCL's handle to its domain, rank, device,
+//! PCIe resources ([`PcieRank`]) and parameter store handle, set up once NCCL has made the
+//! communicator.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use ampccl::multipath::pcie::{HeaderRef, HostArea, Layout, PcieRank, RankStatus};
+use ampccl::multipath::store::{Aggregator, Region, ShmParamStore};
 use ampccl_runtime::cuda::{self, Device};
 use ampccl_transport::shm::segment::Segment;
 
@@ -52,11 +58,15 @@ fn mix(a: u64, b: u64) -> u64 {
 /// What the ranks of a communicator share on this host.
 pub struct Domain {
     pub key: u64,
+    /// Ranks the domain can hold (a split child may have fewer).
     pub nranks: usize,
     layout: Layout,
-    segment: Segment,
+    segment: Arc<Segment>,
     area: OnceLock<Result<Arc<HostArea>, String>>,
 }
+
+/// Keys the parameter table of a domain can hold.
+const TABLE_ENTRIES: usize = 256;
 
 impl Domain {
     fn header(&self) -> HeaderRef<'_> {
@@ -65,9 +75,45 @@ impl Domain {
         unsafe { HeaderRef::new(self.segment.as_ptr()) }
     }
 
-    /// Whether every rank of the domain arrived on this host.
-    pub fn all_local(&self) -> bool {
-        self.header().arrivals() as usize == self.nranks
+    /// Whether every one of a communicator's `nranks` ranks arrived on this host.
+    pub fn all_local(&self, nranks: usize) -> bool {
+        self.header().arrivals() as usize == nranks
+    }
+
+    /// Whether every one of a communicator's `nranks` ranks set up its PCIe path (never
+    /// waits: a rank not yet done counts as not ready).
+    pub fn all_ready(&self, nranks: usize) -> bool {
+        let h = self.header();
+        (0..nranks).all(|r| h.status(r) == RankStatus::Ready)
+    }
+
+    /// This rank's handle on the domain's parameter store, created by the first rank to get
+    /// here for a communicator of `nranks` ranks.
+    fn store(&self, nranks: usize, rank: usize) -> Result<ShmParamStore, String> {
+        let off = self.layout.total();
+        let len = ShmParamStore::bytes_needed(self.nranks, TABLE_ENTRIES);
+        let keep: ampccl_runtime::doorbell::Keepalive = self.segment.clone();
+        // SAFETY: `off` is page-aligned inside the mapping (see `arrive`), which `keep` keeps
+        // mapped; the region is zero or holds a store, and is only used through stores.
+        let region =
+            || unsafe { Region::from_raw(self.segment.as_ptr().add(off), len, keep.clone()) };
+        let h = self.header();
+        if h.claim_store() {
+            let layout = ampccl::multipath::store::Layout::new(nranks, TABLE_ENTRIES);
+            let created = region().and_then(|r| ShmParamStore::create(r, layout, rank));
+            h.store_initialised();
+            return created.map_err(|e| e.to_string());
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !h.store_is_initialised() {
+            if Instant::now() > deadline {
+                return Err("the parameter store was never initialised".into());
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+        region()
+            .and_then(|r| ShmParamStore::attach(r, rank))
+            .map_err(|e| e.to_string())
     }
 
     /// The registered staging area (registered once per process, in `device`'s context).
@@ -112,17 +158,20 @@ pub fn arrive(
 ) -> Result<Arc<Domain>, String> {
     let s = settings();
     let layout = Layout::new(nranks, s.slots, s.chunk_bytes).map_err(|e| e.to_string())?;
+    let total = layout.total() + ShmParamStore::bytes_needed(nranks, TABLE_ENTRIES);
     let mut domains = DOMAINS.lock().unwrap_or_else(|e| e.into_inner());
     let map = domains.get_or_insert_with(HashMap::new);
     let domain = match map.get(&key) {
         Some(d) => d.clone(),
         None => {
-            let segment = if private {
-                Segment::create(layout.total())
-            } else {
-                Segment::open_or_create(&format!("{key:016x}-{nranks}"), layout.total())
-            }
-            .map_err(|e| e.to_string())?;
+            let segment = Arc::new(
+                if private {
+                    Segment::create(total)
+                } else {
+                    Segment::open_or_create(&format!("{key:016x}-{nranks}"), total)
+                }
+                .map_err(|e| e.to_string())?,
+            );
             if private {
                 segment.unlink().map_err(|e| e.to_string())?;
             }
@@ -147,10 +196,30 @@ pub fn arrive(
 pub enum Pcie {
     /// Not set up yet (NCCL has not finished making the communicator).
     Pending,
-    /// Set up; `agreed` once every rank has been seen ready.
-    Ready { rank: Box<PcieRank>, agreed: bool },
+    /// Set up here; `all_ready` once every rank has been seen set up.
+    Ready {
+        rank: Box<PcieRank>,
+        all_ready: bool,
+    },
     /// Fast-only, for the reason given (logged once).
     Off(String),
+}
+
+/// What a communicator's calls need under its lock.
+pub struct Paths {
+    pub pcie: Pcie,
+    /// The domain's parameter store (absent: every call fast-only).
+    pub store: Option<ShmParamStore>,
+    /// Rank 0 folds the ranks' measurements into the table.
+    pub aggregator: Option<Aggregator>,
+    /// Index of the next split-worthy call (the same sequence on every rank).
+    pub next_call: u64,
+    /// Split calls whose timing is pending: call index → (key, NCCL bytes, PCIe bytes).
+    pub inflight: HashMap<u64, (ampccl::multipath::key::OpKey, u64, u64)>,
+    /// Measured times of split calls (for `AMPCCL_REPORT`).
+    pub tally: crate::report::Tally,
+    /// The configured controller, for the initial split of keys the table does not hold yet.
+    pub initial: Box<dyn ampccl::multipath::controller::Controller>,
 }
 
 /// One communicator the interposer knows.
@@ -160,9 +229,7 @@ pub struct CommState {
     pub nranks: usize,
     /// Splits of this communicator so far (keys of the children).
     pub splits: std::sync::atomic::AtomicU64,
-    pub pcie: Mutex<Pcie>,
-    /// Measured times of split calls (for `AMPCCL_REPORT`).
-    pub tally: Mutex<crate::report::Tally>,
+    pub paths: Mutex<Paths>,
 }
 
 static COMMS: RwLock<Option<HashMap<usize, Arc<CommState>>>> = RwLock::new(None);
@@ -189,8 +256,15 @@ pub fn register(
         rank,
         nranks,
         splits: std::sync::atomic::AtomicU64::new(0),
-        pcie: Mutex::new(Pcie::Pending),
-        tally: Mutex::new(Default::default()),
+        paths: Mutex::new(Paths {
+            pcie: Pcie::Pending,
+            store: None,
+            aggregator: None,
+            next_call: 0,
+            inflight: HashMap::new(),
+            tally: Default::default(),
+            initial: settings().mp.controller(),
+        }),
     });
     tracing::debug!(comm = ?comm, rank, nranks, key = st.domain.key, "communicator registered");
     COMMS
@@ -211,44 +285,87 @@ pub fn unregister(comm: nccl::Comm) -> Option<Arc<CommState>> {
 }
 
 impl CommState {
-    /// Collects the timings of completed calls and, with `AMPCCL_REPORT=1`, prints the table.
-    pub fn report(&self) {
-        let mut pcie = self.pcie.lock().unwrap_or_else(|e| e.into_inner());
-        if let Pcie::Ready { rank, .. } = &mut *pcie {
-            let mut done = Vec::new();
+    /// Locks the communicator's paths.
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Paths> {
+        self.paths.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// At destroy: collects the last timings, saves the learned table (`AMPCCL_PARAM_FILE`,
+    /// rank 0) and prints the report (`AMPCCL_REPORT=1`).
+    pub fn finish(&self) {
+        let mut p = self.lock();
+        if let Pcie::Ready { rank, .. } = &mut p.pcie {
             // Destroy may block: let the last calls finish so that they are counted.
             rank.wait_idle();
-            rank.poll_timings(&mut done);
-            self.tally
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .add(&done);
         }
-        if settings().report {
-            eprint!(
-                "{}",
-                self.tally
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .render(self.rank)
-            );
+        crate::split::collect(&mut p, self.rank);
+        let p = &mut *p;
+        let Some(store) = p.store.as_ref() else {
+            return;
+        };
+        let s = settings();
+        if self.rank == 0 {
+            if let Some(agg) = p.aggregator.as_mut() {
+                let _ = agg.poll(store);
+            }
+            if let Some(path) = &s.mp.param_file
+                && let Err(e) =
+                    ampccl::multipath::persist::save(path, self.nranks, &store.snapshot())
+            {
+                tracing::warn!("ampccl: saving {}: {e}", path.display());
+            }
+        }
+        if s.mp.report {
+            eprint!("{}", p.tally.render(self.rank));
+            if self.rank == 0 {
+                eprint!(
+                    "{}",
+                    ampccl::multipath::report(&s.mp.algo, &store.snapshot())
+                );
+            }
         }
     }
 
-    /// Sets up the PCIe path of this rank on `device` and publishes the outcome to the domain.
+    /// Sets up this rank's parameter store handle and PCIe path on `device`, and publishes the
+    /// outcome to the domain.
     pub fn setup(&self, device: i32) {
-        let mut pcie = self.pcie.lock().unwrap_or_else(|e| e.into_inner());
-        if !matches!(*pcie, Pcie::Pending) {
+        let mut p = self.lock();
+        if !matches!(p.pcie, Pcie::Pending) {
             return;
         }
-        let outcome = self.try_setup(device);
+        match self.domain.store(self.nranks, self.rank) {
+            Ok(store) => {
+                if self.rank == 0 {
+                    let mut agg = Aggregator::new(settings().mp.controller());
+                    if let Some(saved) = settings()
+                        .mp
+                        .param_file
+                        .as_ref()
+                        .and_then(|f| ampccl::multipath::persist::load(f, self.nranks))
+                    {
+                        let _ = agg.seed(&store, &saved);
+                    }
+                    p.aggregator = Some(agg);
+                }
+                p.store = Some(store);
+            }
+            Err(e) => tracing::info!(
+                rank = self.rank,
+                "ampccl: no parameter store, fast-only: {e}"
+            ),
+        }
+        let outcome = if p.store.is_some() {
+            self.try_setup(device)
+        } else {
+            Err("no parameter store".into())
+        };
         let header = self.domain.header();
-        *pcie = match outcome {
+        p.pcie = match outcome {
             Ok(rank) => {
                 header.set_status(self.rank, RankStatus::Ready);
                 Pcie::Ready {
                     rank: Box::new(rank),
-                    agreed: false,
+                    all_ready: false,
                 }
             }
             Err(why) => {
@@ -281,52 +398,41 @@ impl CommState {
         PcieRank::new(area, device, self.rank, self.nranks).map_err(|e| e.to_string())
     }
 
-    /// Whether this call may use the PCIe path: set up here, every rank on this host and every
-    /// rank's set-up succeeded. The first time, waits (bounded) for the peers' set-up to be
-    /// published.
-    pub fn agree(pcie: &mut Pcie, st: &CommState) -> bool {
-        let Pcie::Ready { agreed, .. } = pcie else {
+    /// Whether this rank can propose a split: set up here, every rank on this host and every
+    /// rank's set-up done and successful (never waits).
+    pub fn can_split(&self, pcie: &mut Pcie) -> bool {
+        let Pcie::Ready { all_ready, .. } = pcie else {
             return false;
         };
-        if *agreed {
+        if *all_ready {
             return true;
         }
-        let verdict = (|| {
-            if !st.domain.all_local() {
-                return Err("ranks on other hosts".to_string());
-            }
-            let header = st.domain.header();
-            let deadline = Instant::now() + Duration::from_secs(60);
-            for r in 0..st.nranks {
-                loop {
-                    match header.status(r) {
-                        RankStatus::Ready => break,
-                        RankStatus::Failed => {
-                            return Err(format!("rank {r} could not set up its PCIe path"));
-                        }
-                        RankStatus::Unknown if Instant::now() > deadline => {
-                            return Err(format!("rank {r} never published its PCIe set-up"));
-                        }
-                        RankStatus::Unknown => std::thread::sleep(Duration::from_micros(100)),
-                    }
-                }
-            }
-            Ok(())
-        })();
-        match verdict {
-            Ok(()) => {
-                *agreed = true;
-                tracing::info!(rank = st.rank, nranks = st.nranks, "ampccl: PCIe path on");
-                true
-            }
-            Err(why) => {
-                tracing::info!(
-                    rank = st.rank,
-                    "ampccl: PCIe path off for this communicator: {why}"
-                );
-                *pcie = Pcie::Off(why);
-                false
-            }
+        if !self.domain.all_local(self.nranks) {
+            *pcie = Pcie::Off("ranks on other hosts".into());
+            tracing::info!(
+                rank = self.rank,
+                "ampccl: PCIe path off for this communicator: ranks on other hosts"
+            );
+            return false;
         }
+        let h = self.domain.header();
+        if let Some(r) = (0..self.nranks).find(|&r| h.status(r) == RankStatus::Failed) {
+            let why = format!("rank {r} could not set up its PCIe path");
+            tracing::info!(
+                rank = self.rank,
+                "ampccl: PCIe path off for this communicator: {why}"
+            );
+            *pcie = Pcie::Off(why);
+            return false;
+        }
+        *all_ready = self.domain.all_ready(self.nranks);
+        if *all_ready {
+            tracing::info!(
+                rank = self.rank,
+                nranks = self.nranks,
+                "ampccl: PCIe path on"
+            );
+        }
+        *all_ready
     }
 }

@@ -270,7 +270,7 @@ pub unsafe extern "C" fn ncclCommDestroy(comm: Comm) -> NcclResult {
         if !passthrough()
             && let Some(st) = domain::unregister(comm)
         {
-            st.report();
+            st.finish();
             // Drops the PCIe resources once their queued work is done; the domain stays.
             drop(st);
         }

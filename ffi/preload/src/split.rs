@@ -17,7 +17,11 @@ use ampccl::multipath::pcie::{PcieKind, PcieOp, PcieRank};
 use ampccl_runtime::cuda::StreamRef;
 
 use crate::config::settings;
-use crate::domain::{self, CommState, Pcie};
+use ampccl::multipath::controller::ExecStat;
+use ampccl::multipath::key::{MpOp, OpKey};
+use ampccl::multipath::store::Decision;
+
+use crate::domain::{self, CommState, Paths, Pcie};
 use crate::guard::{self, Deferred, call_real};
 use crate::nccl::{self, NcclResult};
 use crate::real::Real;
@@ -110,14 +114,14 @@ impl Call {
         })
     }
 
-    /// Position in [`crate::report`]'s list of collectives.
-    fn index(&self) -> usize {
+    /// The collective, as the multipath parameters name it.
+    fn mp_op(&self) -> MpOp {
         match self {
-            Call::AllReduce { .. } => 0,
-            Call::AllGather { .. } => 1,
-            Call::ReduceScatter { .. } => 2,
-            Call::Broadcast { .. } => 3,
-            Call::Reduce { .. } => 4,
+            Call::AllReduce { .. } => MpOp::AllReduce,
+            Call::AllGather { .. } => MpOp::AllGather,
+            Call::ReduceScatter { .. } => MpOp::ReduceScatter,
+            Call::Broadcast { .. } => MpOp::Broadcast,
+            Call::Reduce { .. } => MpOp::Reduce,
         }
     }
 
@@ -313,7 +317,12 @@ unsafe fn grouped(real: &Real, body: impl FnOnce(&mut dyn FnMut(NcclResult))) ->
     if r == nccl::SUCCESS { end } else { r }
 }
 
-/// Runs `call` on `comm`, split when the planner says so.
+/// Runs `call` on `comm`, split when the domain's decision for it says so.
+///
+/// Every call moving at least `AMPCCL_MIN_MSG_SIZE` bytes takes the next index of the
+/// communicator's call sequence (the same on every rank) and goes through the decision ring:
+/// this rank proposes the split its controller's table gives (or fast-only, when its PCIe path
+/// cannot be used), and every rank adopts the first proposal made for that index.
 ///
 /// # Safety
 /// The arguments are the application's, as NCCL would get them.
@@ -329,40 +338,70 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
     let es = dtype.size();
     let (block, bytes) = call.block(st.nranks, es);
     let s = settings();
-    let split = s.rules.split(block, es, bytes, s.alpha);
+    if bytes < s.rules.min_msg_bytes {
+        return full();
+    }
+    if matches!(st.lock().pcie, Pcie::Pending) {
+        // SAFETY: `comm` is registered, so NCCL made it.
+        unsafe { setup(real, comm, &st) };
+    }
+    let mut guard = st.lock();
+    let p = &mut *guard;
+    collect(p, st.rank);
+    let Some(store) = p.store.as_ref() else {
+        return full();
+    };
+    let key = OpKey::new(call.mp_op(), bytes as u64, dtype);
+    let fingerprint = Decision::fingerprint(call.mp_op(), dtype, block as u64);
+    let user = StreamRef::from_raw(stream);
+    let usable = st.can_split(&mut p.pcie)
+        && match &p.pcie {
+            Pcie::Ready { rank, .. } => matches!(rank.capturing(user), Ok(false)),
+            _ => false,
+        };
+    let proposal = if usable {
+        let param = store
+            .read_param(&key)
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| p.initial.initial(&key));
+        Decision::from_param(&param, fingerprint)
+    } else {
+        Decision::fast_only(fingerprint)
+    };
+    let index = p.next_call;
+    p.next_call += 1;
+    let decision = match store.decide(index, proposal) {
+        Ok(d) => d,
+        Err(e) => {
+            log_once(&format!(
+                "no agreed split for call {index}, NCCL alone: {e}"
+            ));
+            return full();
+        }
+    };
+    if !decision.use_pcie {
+        return full();
+    }
+    let Pcie::Ready { rank, .. } = &mut p.pcie else {
+        tracing::error!(
+            "ampccl: the ranks agreed on a split this rank cannot make (call {index}); NCCL alone"
+        );
+        return full();
+    };
+    if !usable {
+        tracing::error!(
+            "ampccl: the ranks agreed on a split while this rank's stream is being captured (call {index})"
+        );
+        return full();
+    }
+    let split = s.rules.split(block, es, bytes, decision.alpha());
     if !split.uses_pcie() {
         return full();
     }
-    let mut pcie = st.pcie.lock().unwrap_or_else(|e| e.into_inner());
-    if matches!(*pcie, Pcie::Pending) {
-        drop(pcie);
-        // SAFETY: `comm` is registered, so NCCL made it.
-        unsafe { setup(real, comm, &st) };
-        pcie = st.pcie.lock().unwrap_or_else(|e| e.into_inner());
-    }
-    if !CommState::agree(&mut pcie, &st) {
-        return full();
-    }
-    let Pcie::Ready { rank, .. } = &mut *pcie else {
-        return full();
-    };
-    let user = StreamRef::from_raw(stream);
-    match rank.capturing(user) {
-        Ok(false) => {}
-        Ok(true) => return full(),
-        Err(e) => {
-            log_once(&format!("cannot query stream capture: {e}"));
-            return full();
-        }
-    }
     let pop = call.pcie_op(dtype, op, split.fast, split.pcie);
     let mut done = Vec::new();
-    let alpha = split.fast as f64 / block.max(1) as f64;
-    let timed = rank.time_call(
-        user,
-        crate::report::tag(call.index(), bytes, dtype, alpha),
-        &mut done,
-    );
+    let timed = rank.time_call(user, index, &mut done);
     // SAFETY: the buffers are the application's, sized as the collective implies.
     if let Err(e) = unsafe { rank.enqueue(&pop, user, timed) } {
         log_once(&format!("PCIe part failed, call done by NCCL alone: {e}"));
@@ -372,20 +411,62 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
     let r = unsafe { call.fast(real, rank, &st, (split.fast, es), (comm, stream)) };
     if let Some(t) = timed {
         let _ = rank.time_fast_end(t, user);
+        let per_block =
+            |n: usize| (n * es * if block * es == bytes { 1 } else { st.nranks }) as u64;
+        p.inflight
+            .insert(index, (key, per_block(split.fast), per_block(split.pcie)));
     }
-    if !done.is_empty() {
-        st.tally
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .add(&done);
-    }
+    absorb(p, st.rank, &done);
     if guard::in_group() {
         guard::defer(Deferred::Join(comm, stream));
-    } else if let Err(e) = rank.join(user) {
+    } else if let Pcie::Ready { rank, .. } = &p.pcie
+        && let Err(e) = rank.join(user)
+    {
         tracing::error!("ampccl: joining the PCIe part failed: {e}");
         return nccl::INTERNAL_ERROR;
     }
     r
+}
+
+/// Feeds the timings of completed split calls to the parameter store (rank 0 then folds every
+/// rank's measurements into the table) and to the report.
+pub fn collect(p: &mut Paths, rank: usize) {
+    let mut done = Vec::new();
+    if let Pcie::Ready { rank, .. } = &mut p.pcie {
+        rank.poll_timings(&mut done);
+    }
+    absorb(p, rank, &done);
+}
+
+fn absorb(p: &mut Paths, rank: usize, done: &[ampccl::multipath::pcie::CallTiming]) {
+    for t in done {
+        let Some((key, fast_bytes, pcie_bytes)) = p.inflight.remove(&t.tag) else {
+            continue;
+        };
+        let stat = ExecStat {
+            fast_time_us: f64::from(t.fast_ms) * 1e3,
+            pcie_time_us: f64::from(t.pcie_ms) * 1e3,
+            fast_bytes,
+            pcie_bytes,
+            success: true,
+        };
+        if let Some(store) = &p.store
+            && let Err(e) = store.publish_stat(&key, t.tag, &stat)
+        {
+            tracing::debug!("ampccl: publishing a measurement: {e}");
+        }
+        p.tally.add(
+            key,
+            fast_bytes as f64 / (fast_bytes + pcie_bytes).max(1) as f64,
+            t,
+        );
+    }
+    if rank == 0
+        && let (Some(store), Some(agg)) = (&p.store, p.aggregator.as_mut())
+        && let Err(e) = agg.poll(store)
+    {
+        tracing::debug!("ampccl: updating the split table: {e}");
+    }
 }
 
 /// Sets up `comm`'s PCIe path (NCCL must have finished making it).
@@ -408,8 +489,8 @@ pub fn join_deferred(comm: nccl::Comm, stream: nccl::Stream) -> NcclResult {
     let Some(st) = domain::lookup(comm) else {
         return nccl::SUCCESS;
     };
-    let pcie = st.pcie.lock().unwrap_or_else(|e| e.into_inner());
-    if let Pcie::Ready { rank, .. } = &*pcie
+    let p = st.lock();
+    if let Pcie::Ready { rank, .. } = &p.pcie
         && let Err(e) = rank.join(StreamRef::from_raw(stream))
     {
         tracing::error!("ampccl: joining the PCIe part failed: {e}");

@@ -55,6 +55,7 @@ struct Header {
     slot_bytes: AtomicU64,
     total: AtomicU64,
     arrivals: AtomicU32,
+    store: AtomicU32,
     status: [AtomicU32; MAX_RANKS],
 }
 
@@ -180,6 +181,25 @@ impl<'a> HeaderRef<'a> {
     /// Ranks that have arrived.
     pub fn arrivals(&self) -> u32 {
         self.h.arrivals.load(Ordering::Acquire)
+    }
+
+    /// Claims the initialisation of the domain's parameter store; exactly one caller, the
+    /// first, gets `true` and must call [`HeaderRef::store_initialised`] when done.
+    pub fn claim_store(&self) -> bool {
+        self.h
+            .store
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Marks the parameter store initialised.
+    pub fn store_initialised(&self) {
+        self.h.store.store(2, Ordering::Release);
+    }
+
+    /// Whether the parameter store is initialised.
+    pub fn store_is_initialised(&self) -> bool {
+        self.h.store.load(Ordering::Acquire) == 2
     }
 
     /// Publishes `rank`'s status.
