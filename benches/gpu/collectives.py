@@ -10,7 +10,7 @@ NCCL-only and the preloaded figures, and `compare.py` puts them side by side.
   --mode bench   busbw per size for the chosen collectives (CUDA-event timing, median of
                  repeats).
 """
-import argparse, hashlib, json, os, sys, time
+import argparse, hashlib, json, os, statistics, sys, time
 
 import torch
 import torch.distributed as dist
@@ -228,9 +228,47 @@ def bench(args, rank, world, dev):
                        "alpha": os.environ.get("AMPCCL_ALPHA"), "rows": rows}, f)
 
 
+def converge(args, rank, world, dev):
+    """Per-call busbw of `--calls` consecutive calls per size (one CUDA event pair per call), to
+    watch the controller converge; with AMPCCL_LOG=ampccl::split=debug the preload logs the
+    split decided for every call."""
+    rows = []
+    for op in args.ops.split(","):
+        for nbytes in [int(x) for x in args.conv_sizes.split(",")]:
+            n = nbytes // 4
+            if op == "allreduce":
+                x = torch.ones(n, device=dev)
+                fn, bus = (lambda: dist.all_reduce(x)), 2 * (world - 1) / world
+            else:
+                per = n // world
+                x, y = torch.ones(per, device=dev), torch.empty(per * world, device=dev)
+                fn, bus = (lambda: dist.all_gather_into_tensor(y, x)), (world - 1) / world
+            evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(args.calls)]
+            dist.barrier()
+            torch.cuda.synchronize()
+            for a, b in evs:
+                a.record()
+                fn()
+                b.record()
+            torch.cuda.synchronize()
+            for i, (a, b) in enumerate(evs):
+                t = a.elapsed_time(b) * 1e3
+                rows.append({"op": op, "bytes": nbytes, "call": i, "us": t, "busbw": nbytes / t / 1e3 * bus})
+    if rank == 0:
+        with open(args.out + ".json", "w") as f:
+            json.dump({"world": world, "rows": rows}, f)
+        for op in args.ops.split(","):
+            for nbytes in [int(x) for x in args.conv_sizes.split(",")]:
+                r = [x["busbw"] for x in rows if x["op"] == op and x["bytes"] == nbytes]
+                print(f"{op:>10} {nbytes:>11}: calls 1-10 {statistics.median(r[:10]):6.1f}  11-30 {statistics.median(r[10:30]):6.1f}"
+                      f"  31-50 {statistics.median(r[30:50]):6.1f}  last 20 {statistics.median(r[-20:]):6.1f} GB/s", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["check", "bench"], required=True)
+    p.add_argument("--mode", choices=["check", "bench", "converge"], required=True)
+    p.add_argument("--calls", type=int, default=100)
+    p.add_argument("--conv-sizes", default="268435456,1073741824")
     p.add_argument("--out", required=True)
     p.add_argument("--sizes", default="1,1023,262147,1000003")
     p.add_argument("--ops", default="allreduce,allgather")
@@ -246,7 +284,7 @@ def main():
     torch.cuda.set_device(dev)
     dist.init_process_group("nccl", device_id=dev)
     t0 = time.time()
-    failures = check(args, rank, world, dev) if args.mode == "check" else bench(args, rank, world, dev)
+    failures = {"check": check, "bench": bench, "converge": converge}[args.mode](args, rank, world, dev)
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:

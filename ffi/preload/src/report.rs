@@ -3,7 +3,6 @@
 
 use std::collections::BTreeMap;
 
-use ampccl::DataType;
 use ampccl::multipath::key::{MpOp, OpKey};
 use ampccl::multipath::pcie::CallTiming;
 
@@ -48,7 +47,7 @@ impl Tally {
                 "{:>13} {:>11} {:>8} {:>6} {:>6.3} {:>9.3} {:>9.3} {:>9.3}\n",
                 k.op.name(),
                 1u64 << k.bucket,
-                dtype_name(k.dtype),
+                k.dtype.name(),
                 s.calls,
                 s.alpha / n,
                 s.fast / n,
@@ -60,13 +59,10 @@ impl Tally {
     }
 }
 
-fn dtype_name(d: DataType) -> &'static str {
-    d.name()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ampccl::DataType;
 
     #[test]
     fn tally_means_per_key() {
