@@ -78,7 +78,7 @@ mod tests {
         tally.add(key, 0.875, &t(3.0, 1.0));
         let text = tally.render(0);
         assert!(
-            text.contains("allgather") && text.contains("1073741824"),
+            text.contains("AllGather") && text.contains("1073741824"),
             "{text}"
         );
         assert!(
