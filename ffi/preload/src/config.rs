@@ -8,7 +8,7 @@
 //! | `AMPCCL_ALGO` | `bw` | split controller: `bw`, `tcp`, `dcqcn`, `static`, `static:<alpha>` |
 //! | `AMPCCL_ALPHA` | unset | a static split: fraction of each call's bytes carried by NCCL (same as `AMPCCL_ALGO=static:<alpha>`) |
 //! | `AMPCCL_PARAM_FILE` | unset | learned table saved at destroy, loaded at init |
-//! | `AMPCCL_MIN_MSG_SIZE` | `16M` | calls moving fewer bytes are not split |
+//! | `AMPCCL_MIN_MSG_SIZE` | `256M` | calls moving fewer bytes are not split (on 2×H200 the PCIe path's fixed costs outweigh its bandwidth below this) |
 //! | `AMPCCL_MIN_CHUNK_SIZE` | `1M` | PCIe parts smaller than this are not worth it |
 //! | `AMPCCL_ALIGN` | `4096` | the PCIe part is a multiple of this many bytes |
 //! | `AMPCCL_CHUNK_SIZE` | `4M` | pipeline chunk (staging slot) per rank |

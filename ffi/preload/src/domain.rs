@@ -65,6 +65,9 @@ pub struct Domain {
     area: OnceLock<Result<Arc<HostArea>, String>>,
 }
 
+/// Timed calls of a key whose measurements only warm up (see [`Paths::seen`]).
+pub const WARMUP_CALLS: u32 = 2;
+
 /// Keys the parameter table of a domain can hold.
 const TABLE_ENTRIES: usize = 256;
 
@@ -214,6 +217,9 @@ pub struct Paths {
     pub aggregator: Option<Aggregator>,
     /// Index of the next split-worthy call (the same sequence on every rank).
     pub next_call: u64,
+    /// Timed split calls per key so far; the first [`WARMUP_CALLS`] of a key are not fed to the
+    /// controller (they carry one-time costs such as NCCL connecting peers).
+    pub seen: HashMap<ampccl::multipath::key::OpKey, u32>,
     /// Split calls whose timing is pending: call index → (key, NCCL bytes, PCIe bytes).
     pub inflight: HashMap<u64, (ampccl::multipath::key::OpKey, u64, u64)>,
     /// Measured times of split calls (for `AMPCCL_REPORT`).
@@ -262,6 +268,7 @@ pub fn register(
             aggregator: None,
             next_call: 0,
             inflight: HashMap::new(),
+            seen: HashMap::new(),
             tally: Default::default(),
             initial: settings().mp.controller(),
         }),

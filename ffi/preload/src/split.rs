@@ -451,7 +451,10 @@ fn absorb(p: &mut Paths, rank: usize, done: &[ampccl::multipath::pcie::CallTimin
             pcie_bytes,
             success: true,
         };
-        if let Some(store) = &p.store
+        let seen = p.seen.entry(key).or_insert(0);
+        *seen += 1;
+        if *seen > domain::WARMUP_CALLS
+            && let Some(store) = &p.store
             && let Err(e) = store.publish_stat(&key, t.tag, &stat)
         {
             tracing::debug!("ampccl: publishing a measurement: {e}");
