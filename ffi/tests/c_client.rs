@@ -11,32 +11,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// Directory holding a fresh `libampccl.so`: cargo does not build a `cdylib` for integration
-/// tests, so this builds it (`cargo build -p ampccl-ffi`) into the target directory and profile
-/// of this test executable (`<target>/<profile>/deps/<test>`), once per test process.
+#[path = "support/cdylib.rs"]
+mod cdylib;
+
+/// Directory holding a fresh `libampccl.so` (built once per test process).
 fn lib_dir() -> PathBuf {
     static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    DIR.get_or_init(|| {
-        let exe = std::env::current_exe().expect("current_exe");
-        let profile_dir = exe.parent().and_then(Path::parent).expect("profile dir");
-        let target = profile_dir.parent().expect("target dir");
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") => "test",
-            Some(p) => p,
-            None => panic!("no profile directory above {}", exe.display()),
-        };
-        let st = Command::new(env!("CARGO"))
-            .args(["build", "-p", "ampccl-ffi", "--lib", "--profile", profile])
-            .env("CARGO_TARGET_DIR", target)
-            .current_dir(crate_dir())
-            .status()
-            .expect("run cargo build");
-        assert!(st.success(), "cargo build -p ampccl-ffi failed");
-        let so = profile_dir.join("libampccl.so");
-        assert!(so.exists(), "{} missing after the build", so.display());
-        profile_dir.to_path_buf()
-    })
-    .clone()
+    DIR.get_or_init(|| cdylib::build("ampccl-ffi", "libampccl.so", crate_dir()))
+        .clone()
 }
 
 fn crate_dir() -> &'static Path {

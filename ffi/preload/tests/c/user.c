@@ -1,0 +1,62 @@
+/* The application side of the interposer tests, as a library linked against libnccl.so.2 (so it
+ * can be loaded RTLD_LOCAL, like PyTorch's libtorch_cuda.so) and as a program (client.c). */
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct { char internal[128]; } ncclUniqueId;
+typedef void *ncclComm_t;
+int ncclCommInitRank(ncclComm_t *, int, ncclUniqueId, int);
+int ncclCommInitAll(ncclComm_t *, int, const int *);
+int ncclCommSplit(ncclComm_t, int, int, ncclComm_t *, void *);
+int ncclCommDestroy(ncclComm_t);
+int ncclCommAbort(ncclComm_t);
+int ncclGroupStart(void);
+int ncclGroupEnd(void);
+int ncclAllReduce(const void *, void *, size_t, int, int, ncclComm_t, void *);
+int ncclAllGather(const void *, void *, size_t, int, ncclComm_t, void *);
+int ncclReduceScatter(const void *, void *, size_t, int, int, ncclComm_t, void *);
+int ncclBroadcast(const void *, void *, size_t, int, int, ncclComm_t, void *);
+int ncclReduce(const void *, void *, size_t, int, int, int, ncclComm_t, void *);
+
+#define CHECK(x) do { int r_ = (x); if (r_) { printf("FAIL %s = %d\n", #x, r_); return 1; } } while (0)
+
+/* Every wrapped entry point once, large counts included (1 Gi floats). */
+int user_run(void) {
+  ncclUniqueId id;
+  memset(&id, 3, sizeof id);
+  ncclComm_t c, all[2], sub;
+  const size_t big = (size_t)1 << 28;
+  CHECK(ncclCommInitRank(&c, 1, id, 0));
+  CHECK(ncclAllReduce(NULL, NULL, big, 7, 0, c, NULL));
+  CHECK(ncclAllGather(NULL, NULL, big, 7, c, NULL));
+  CHECK(ncclReduceScatter(NULL, NULL, big, 7, 0, c, NULL));
+  CHECK(ncclBroadcast(NULL, NULL, big, 7, 0, c, NULL));
+  CHECK(ncclReduce(NULL, NULL, big, 7, 0, 0, c, NULL));
+  CHECK(ncclCommSplit(c, 0, 0, &sub, NULL));
+  CHECK(ncclCommInitAll(all, 2, NULL));
+  CHECK(ncclGroupStart());
+  CHECK(ncclAllReduce(NULL, NULL, big, 7, 0, all[0], NULL));
+  CHECK(ncclAllReduce(NULL, NULL, big, 7, 0, all[1], NULL));
+  CHECK(ncclGroupEnd());
+  CHECK(ncclCommDestroy(sub));
+  CHECK(ncclCommDestroy(all[0]));
+  CHECK(ncclCommAbort(all[1]));
+  CHECK(ncclCommDestroy(c));
+  return 0;
+}
+
+/* Nanoseconds per small ncclAllReduce through whatever is in front of the fake library. */
+double user_ns_per_call(long n) {
+  ncclUniqueId id;
+  memset(&id, 5, sizeof id);
+  ncclComm_t c;
+  if (ncclCommInitRank(&c, 1, id, 0)) return -1;
+  struct timespec a, b;
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  for (long i = 0; i < n; i++) ncclAllReduce(NULL, NULL, 8, 7, 0, c, NULL);
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  ncclCommDestroy(c);
+  return ((b.tv_sec - a.tv_sec) * 1e9 + (b.tv_nsec - a.tv_nsec)) / (double)n;
+}
