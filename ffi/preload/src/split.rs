@@ -380,7 +380,15 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
             return full();
         }
     };
-    tracing::debug!(target: "ampccl::split", call = index, op = call.mp_op().name(), bytes, alpha = decision.alpha(), pcie = decision.use_pcie, "decision");
+    tracing::debug!(
+        target: "ampccl::split",
+        rank = st.rank,
+        call = index,
+        op = call.mp_op().name(),
+        bytes,
+        alpha = decision.alpha(),
+        pcie = decision.use_pcie,
+        "decision");
     if !decision.use_pcie {
         return full();
     }
