@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Everything the GPU tables in docs/PERFORMANCE.md come from, on N local GPUs, in one run:
+# correctness (NCCL-only vs preload), the host-side PCIe ceiling, busbw of NCCL alone vs the
+# preload with default settings and with static splits, and the controller's convergence.
+#   cargo build --release -p ampccl-preload
+#   benches/gpu/all.sh N "ALPHA1 ALPHA2"        (OUT=dir for logs; default ./gpu-out)
+set -u
+N=${1:?number of GPUs}; ALPHAS=${2:-0.9 0.95}
+export OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+HERE=$(dirname "$0")
+LIB=$(realpath target/release/libampccl_preload.so)
+STEP_TIMEOUT=240 bash "$HERE/preload.sh" "$N" check > "$OUT/check-summary.txt" 2>&1
+python "$HERE/pcie_ceiling.py" --gpus "$N" > "$OUT/ceiling.txt" 2>&1
+settings=("AMPCCL_REPORT=1")
+for a in $ALPHAS; do settings+=("AMPCCL_ALPHA=$a"); done
+BENCH_ARGS="--ops allreduce,allgather --min-bytes 1048576 --max-bytes 1073741824 --factor 4 --repeats 9" \
+  bash "$HERE/sweep_env.sh" "$N" "${settings[@]}" > "$OUT/bench-summary.txt" 2>&1
+LD_PRELOAD=$LIB AMPCCL_LOG=ampccl::split=debug AMPCCL_REPORT=1 timeout 240 \
+  python -m torch.distributed.run --standalone --nproc_per_node="$N" "$HERE/collectives.py" \
+  --mode converge --calls 100 --out "$OUT/converge" > "$OUT/converge.log" 2>&1
+python "$HERE/plot_converge.py" "$OUT/converge.json" "$OUT/converge.log" "$OUT/converge$N" > /dev/null 2>&1
+grep -v "^==" "$OUT/check-summary.txt" | tail -n 1
+cat "$OUT/ceiling.txt"
+tail -n 14 "$OUT/bench-summary.txt"
+grep "calls 1-10" "$OUT/converge.log"
+grep -A 8 "multipath: controller" "$OUT/converge.log" | head -n 8
