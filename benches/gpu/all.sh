@@ -12,7 +12,7 @@ HERE=$(dirname "$0")
 LIB=$(realpath target/release/libampccl_preload.so)
 STEP_TIMEOUT=240 bash "$HERE/preload.sh" "$N" check > "$OUT/check-summary.txt" 2>&1
 python "$HERE/pcie_ceiling.py" --gpus "$N" > "$OUT/ceiling.txt" 2>&1
-settings=("AMPCCL_REPORT=1")
+settings=("AMPCCL_ENABLE=0" "AMPCCL_REPORT=1")
 for a in $ALPHAS; do settings+=("AMPCCL_ALPHA=$a"); done
 BENCH_ARGS="--ops allreduce,allgather --min-bytes 1048576 --max-bytes 1073741824 --factor 4 --repeats 9" \
   bash "$HERE/sweep_env.sh" "$N" "${settings[@]}" > "$OUT/bench-summary.txt" 2>&1
@@ -25,3 +25,5 @@ cat "$OUT/ceiling.txt"
 tail -n 14 "$OUT/bench-summary.txt"
 grep "calls 1-10" "$OUT/converge.log"
 grep -A 8 "multipath: controller" "$OUT/converge.log" | head -n 8
+# Keep what comes back small: summaries, the convergence CSV and plot, the logs of failures.
+rm -f "$OUT"/*.rank*.json "$OUT"/s[0-9]*.json "$OUT"/nccl.json "$OUT"/converge.json

@@ -202,17 +202,24 @@ def bench(args, rank, world, dev):
             for _ in range(args.warmup):
                 fn()
             torch.cuda.synchronize()
+            # Enough iterations per repeat for >= 20 ms of work (small sizes are otherwise
+            # dominated by launch jitter); the same count on every rank.
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record(); fn(); b.record(); b.synchronize()
+            est = torch.tensor([a.elapsed_time(b) * 1e-3], device=dev, dtype=torch.float64)
+            dist.all_reduce(est, op=dist.ReduceOp.MAX)
+            iters = int(min(1000, max(args.iters, 0.02 / max(float(est), 1e-6))))
             times = []
             for _ in range(args.repeats):
                 a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 dist.barrier()
                 torch.cuda.synchronize()
                 a.record()
-                for _ in range(args.iters):
+                for _ in range(iters):
                     fn()
                 b.record()
                 b.synchronize()
-                times.append(a.elapsed_time(b) * 1e3 / args.iters)
+                times.append(a.elapsed_time(b) * 1e3 / iters)
             times.sort()
             t = times[len(times) // 2]
             # The collective is as slow as its slowest rank.
