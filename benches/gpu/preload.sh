@@ -46,4 +46,4 @@ while [ $# -gt 0 ]; do
   esac
 done
 echo; echo "######## summary ($N GPUs)"
-for s in "${summary[@]}"; do $s; done
+for s in "${summary[@]}"; do eval "$s"; done
