@@ -16,7 +16,7 @@ size / ranks). ampccl-perf, Open MPI and Gloo run the same iteration counts per 
 ~/.cache/ampccl-peers); ampccl-perf from $AMPCCL_PERF, else $CARGO_TARGET_DIR/release, else
 target/release.
 """
-import argparse, csv, io, os, statistics, subprocess, sys
+import argparse, csv, io, os, statistics, subprocess, sys, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -28,6 +28,31 @@ IMB = {"allreduce": "Allreduce", "allgather": "Allgather", "reducescatter": "Red
        "broadcast": "Bcast"}
 NAMES = {"ampccl": "ampccl", "impi": "intel-mpi", "ompi": "open-mpi", "gloo": "gloo"}
 TITLES = {"ampccl": "ampccl", "impi": "Intel MPI", "ompi": "Open MPI", "gloo": "Gloo"}
+
+
+BUILDERS = ("rustc", "cc1", "cc1plus", "ld", "cargo", "clippy-driver", "rustdoc")
+
+
+def builders():
+    """Names of running compiler/linker processes (other people's builds on a shared box)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        if name in BUILDERS:
+            found.append(name)
+    return found
+
+
+def wait_quiet(limit_s):
+    """Waits (up to limit_s) until no build runs; returns what still runs."""
+    deadline = time.time() + limit_s
+    while (busy := builders()) and time.time() < deadline:
+        time.sleep(5)
+    return busy
 
 
 def perf_exe():
@@ -103,6 +128,8 @@ def main():
     ap.add_argument("--peers", default="ampccl,impi,ompi,gloo",
                     help="comma-separated, in run order: ampccl, impi, ompi, gloo")
     ap.add_argument("--out-dir", required=True, help="where <peer>.csv (median rows) go")
+    ap.add_argument("--wait-quiet", type=int, default=600,
+                    help="before each round, wait up to this many seconds for builds to end")
     a = ap.parse_args()
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     peers = a.peers.split(",")
@@ -115,13 +142,19 @@ def main():
                "gloo": lambda: run_bench("gloo", a.op, a.ranks, sizes)}
     times = {p: [] for p in peers}
     wrong = {p: {} for p in peers}
+    noisy = 0
     for i in range(a.rounds):
+        busy = wait_quiet(a.wait_quiet)
+        load = os.getloadavg()[0]
+        print(f"round {i + 1}/{a.rounds}: load {load:.2f}, builds running: {busy or 'none'}",
+              file=sys.stderr)
         for p in peers:
             print(f"round {i + 1}/{a.rounds}: {TITLES[p]}", file=sys.stderr)
             t, w = runners[p]()
             times[p].append(t)
             for s, v in w.items():
                 wrong[p][s] = wrong[p].get(s, 0) + v
+        noisy += bool(busy or builders())
     med = {p: {s: statistics.median(r[s] for r in times[p]) for s in sizes if all(s in r for r in times[p])}
            for p in peers}
     os.makedirs(a.out_dir, exist_ok=True)
@@ -135,7 +168,7 @@ def main():
                 f.write(f"{a.op},{n},{s},{s // 4},float,{redop},{root},out,{t:.3f},{alg:.4f},"
                         f"{alg * BUS[a.op](n):.4f},{wrong[p].get(s, 0)}\n")
     print(f"{n} ranks, f32 {a.op}, time per call (us), medians of {a.rounds} alternated runs; "
-          f"ratio = peer time / ampccl time\n")
+          f"ratio = peer time / ampccl time; builds ran during {noisy} of the rounds\n")
     others = [p for p in peers if p != "ampccl"]
     head = ["bytes"] + [f"{TITLES[p]} (us)" for p in peers]
     if "ampccl" in peers:
