@@ -73,6 +73,24 @@ pub fn series(label: &str, rows: &[Row], placement: Placement) -> Result<Vec<Ser
         .collect())
 }
 
+/// Line colours (matplotlib's "tab10"), distinct and readable on white; reused past ten.
+const COLORS: [RGBColor; 10] = [
+    RGBColor(214, 39, 40),
+    RGBColor(31, 119, 180),
+    RGBColor(44, 160, 44),
+    RGBColor(255, 127, 14),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+    RGBColor(188, 189, 34),
+    RGBColor(23, 190, 207),
+];
+
+fn color(i: usize) -> RGBColor {
+    COLORS[i % COLORS.len()]
+}
+
 /// The legend of a CSV file: its file stem.
 pub fn label_of(path: &Path) -> String {
     path.file_stem()
@@ -139,6 +157,7 @@ pub fn draw(out: &Path, title: &str, series: &[Series]) -> Result<(), String> {
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 22))
         .margin(16)
+        .margin_right(40)
         .x_label_area_size(44)
         .y_label_area_size(60)
         .build_cartesian_2d(x0..x1, 0.0..ymax)
@@ -156,10 +175,11 @@ pub fn draw(out: &Path, title: &str, series: &[Series]) -> Result<(), String> {
         .x_desc("size (bytes, log scale)")
         .y_desc("busbw (GB/s)")
         .label_style(("sans-serif", 14))
+        .light_line_style(WHITE)
         .draw()
         .map_err(|e| err(&e))?;
     for (i, s) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
+        let color = color(i);
         let xy = |&(b, y): &(usize, f64)| ((b.max(1) as f64).log2(), y);
         chart
             .draw_series(LineSeries::new(
@@ -257,8 +277,8 @@ mod tests {
         assert_eq!(img.dimensions(), (960, 600));
         // Each series' colour is on the image (line, markers, legend).
         for i in 0..2 {
-            let c = Palette99::pick(i).to_rgba();
-            let n = img.pixels().filter(|p| p.0 == [c.0, c.1, c.2]).count();
+            let RGBColor(r, g, b) = color(i);
+            let n = img.pixels().filter(|p| p.0 == [r, g, b]).count();
             assert!(n > 500, "series {i}: {n} pixels of its colour");
         }
         std::fs::remove_dir_all(&dir).unwrap();
