@@ -126,10 +126,12 @@ fn value(r: usize, i: usize) -> f64 {
 
 /// Runs the sweep on this rank; rank 0 prints. Returns false when results were wrong.
 pub fn run(args: &Args) -> Result<bool, String> {
+    // Overlays are read before the sweep, so a bad file fails every rank at once, not after it.
+    let overlay = plot::read_series(&args.overlay, plot::Placement::Out)?;
     let comm = Communicator::from_env().map_err(|e| e.to_string())?;
     macro_rules! go {
         ($t:ty) => {
-            sweep::<$t>(&comm, args)
+            sweep::<$t>(&comm, args, &overlay)
         };
     }
     let r = match args.dtype {
@@ -149,7 +151,11 @@ pub fn run(args: &Args) -> Result<bool, String> {
     Ok(ok)
 }
 
-fn sweep<T: Num>(comm: &Communicator, args: &Args) -> Result<bool, String> {
+fn sweep<T: Num>(
+    comm: &Communicator,
+    args: &Args,
+    overlay: &[plot::Series],
+) -> Result<bool, String> {
     let coll = Coll::parse(&args.collective)
         .ok_or_else(|| format!("unknown collective {:?}", args.collective))?;
     let (n, rank) = (comm.world(), comm.rank());
@@ -293,7 +299,7 @@ fn sweep<T: Num>(comm: &Communicator, args: &Args) -> Result<bool, String> {
                 .map(plot::label_of)
                 .unwrap_or_else(|| "ampccl".to_string());
             let mut series = plot::series(&label, &rows, plot::Placement::Out)?;
-            series.extend(plot::read_series(&args.overlay, plot::Placement::Out)?);
+            series.extend_from_slice(overlay);
             let title = format!("{}, {n} ranks, {}", args.collective, args.dtype.name());
             plot::draw(png, &title, &series)?;
         }

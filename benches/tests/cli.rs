@@ -73,6 +73,37 @@ fn sweep_writes_csv_png_rss_and_progress_on_stderr_only() {
 }
 
 #[test]
+fn a_bad_overlay_fails_before_the_sweep() {
+    let d = scratch("overlay");
+    let png = d.join("never.png");
+    let out = perf(&[
+        "-g",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "8",
+        "--plot",
+        png.to_str().unwrap(),
+        "--overlay",
+        d.join("missing.csv").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("cannot read"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        !text(&out.stdout).contains("# Out of bounds"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(!png.exists());
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
 fn no_progress_when_stderr_is_not_a_terminal() {
     let out = perf(&["-g", "1", "-b", "8", "-e", "64", "-n", "1", "-w", "0"]);
     assert!(out.status.success());
