@@ -1,17 +1,55 @@
 //! Command line and the local launcher (`-g N`).
 
+use std::path::PathBuf;
 use std::process::Command;
 
 use ampccl::{DataType, ReduceOp, UniqueId};
-use clap::Parser;
+use clap::{Parser, Subcommand};
+
+use crate::plot::Placement;
 
 /// Set in the environment of ranks started by `-g`.
 pub const CHILD_ENV: &str = "AMPCCL_PERF_CHILD";
 
-/// nccl-tests-style sweep of one collective.
-#[derive(Parser, Debug, Clone)]
-#[command(version, about)]
-pub struct Args {
+/// nccl-tests-style sweep of one collective (the default), or `plot` of CSV results.
+#[derive(Parser, Debug)]
+#[command(version, about, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Cmd>,
+    #[command(flatten)]
+    pub sweep: SweepArgs,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug)]
+pub enum Cmd {
+    /// Plot busbw against size (log-x) of ampccl-perf CSV files, one line per file, into a
+    /// PNG; the legend is each file's stem (e.g. `ampccl-perf plot --out cmp.png ampccl.csv
+    /// intel-mpi.csv gloo.csv`).
+    Plot(PlotArgs),
+}
+
+/// `ampccl-perf plot`.
+#[derive(clap::Args, Debug)]
+pub struct PlotArgs {
+    /// PNG to write.
+    #[arg(long = "out")]
+    pub out: PathBuf,
+    /// Title (default: the collective and rank count of the first file).
+    #[arg(long = "title")]
+    pub title: Option<String>,
+    /// Which rows of the CSVs to plot.
+    #[arg(long = "placement", value_enum, default_value_t = Placement::Out)]
+    pub placement: Placement,
+    /// CSV files written by `--csv` (or by benches/scripts/compare_peers.py).
+    #[arg(required = true)]
+    pub csv: Vec<PathBuf>,
+}
+
+/// The sweep's options (nccl-tests' names).
+#[derive(clap::Args, Debug, Clone)]
+pub struct SweepArgs {
     /// Smallest size in bytes (K, M, G suffixes allowed).
     #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = parse_size)]
     pub min_bytes: usize,
@@ -47,7 +85,16 @@ pub struct Args {
     pub ranks: Option<usize>,
     /// Also write the results as CSV (rank 0).
     #[arg(long = "csv")]
-    pub csv: Option<std::path::PathBuf>,
+    pub csv: Option<PathBuf>,
+    /// Also plot busbw vs size of this run (out-of-place) into this PNG (rank 0).
+    #[arg(long = "plot")]
+    pub plot: Option<PathBuf>,
+    /// Another CSV to draw on the `--plot` (repeatable), e.g. a peer's results.
+    #[arg(long = "overlay", requires = "plot")]
+    pub overlay: Vec<PathBuf>,
+    /// Show progress on stderr even when it is not a terminal.
+    #[arg(long = "progress")]
+    pub progress: bool,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -61,6 +108,16 @@ fn parse_size(s: &str) -> Result<usize, String> {
     num.parse::<usize>()
         .map(|n| n * mult)
         .map_err(|e| format!("bad size {s:?}: {e}"))
+}
+
+/// `bytes` as a short size with a binary suffix when it divides evenly (`4 MiB`, `1536 B`).
+pub fn human_bytes(bytes: usize) -> String {
+    for (shift, unit) in [(30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
+            return format!("{} {unit}", bytes >> shift);
+        }
+    }
+    format!("{bytes} B")
 }
 
 fn parse_dtype(s: &str) -> Result<DataType, String> {
@@ -132,5 +189,38 @@ pub fn pin_if_launched() {
         let mut one: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpus[rank % cpus.len()], &mut one);
         libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_print_and_parse_back() {
+        for b in [1usize, 8, 1000, 1536, 1 << 10, 3 << 20, 64 << 20, 2 << 30] {
+            let h = human_bytes(b);
+            let compact = h.replace(" B", "").replace("iB", "").replace(' ', "");
+            assert_eq!(parse_size(&compact), Ok(b), "{h}");
+        }
+        assert_eq!(human_bytes(4 << 20), "4 MiB");
+        assert_eq!(human_bytes(1536), "1536 B");
+    }
+
+    #[test]
+    fn plot_is_a_subcommand_and_overlay_needs_plot() {
+        let c = Cli::try_parse_from(["p", "plot", "--out", "x.png", "a.csv", "b.csv"]).unwrap();
+        match c.command {
+            Some(Cmd::Plot(p)) => assert_eq!(p.csv.len(), 2),
+            None => panic!("no subcommand"),
+        }
+        assert!(Cli::try_parse_from(["p", "plot", "--out", "x.png"]).is_err());
+        assert!(Cli::try_parse_from(["p", "-g", "2", "plot", "--out", "x.png", "a.csv"]).is_err());
+        assert!(Cli::try_parse_from(["p", "--overlay", "a.csv"]).is_err());
+        let c = Cli::try_parse_from(["p", "-e", "1M", "--plot", "x.png", "--overlay", "a.csv"])
+            .unwrap();
+        assert!(c.command.is_none());
+        assert_eq!(c.sweep.max_bytes, 1 << 20);
+        assert_eq!(c.sweep.overlay.len(), 1);
     }
 }

@@ -9,8 +9,17 @@
 //! bandwidth definitions follow nccl-tests: `algbw = size / time`, `busbw = algbw * factor`
 //! (allreduce `2(n-1)/n`, allgather/reducescatter/alltoall `(n-1)/n`, others 1); time is the
 //! slowest rank's mean over `-n` iterations. Exit code 1 when any result is wrong.
+//!
+//! `--csv FILE` writes the results (format in [`csv`]), `--plot FILE.png` draws busbw against
+//! size, with other CSVs (peers) added by `--overlay`; `ampccl-perf plot --out FILE.png
+//! a.csv b.csv ...` draws CSVs alone. Rank 0 shows progress on stderr when it is a terminal
+//! (or with `--progress`) and ends with every rank's peak RSS.
 
 mod cli;
+mod csv;
+mod plot;
+mod progress;
+mod rss;
 mod sweep;
 
 use std::process::ExitCode;
@@ -18,12 +27,13 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let args = cli::Args::parse();
-    let result = match args.ranks {
-        Some(n) if std::env::var_os(cli::CHILD_ENV).is_none() => cli::launch(n),
-        _ => {
+    let cli = cli::Cli::parse();
+    let result = match (&cli.command, cli.sweep.ranks) {
+        (Some(cli::Cmd::Plot(p)), _) => plot::run(p).map(|()| true),
+        (None, Some(n)) if std::env::var_os(cli::CHILD_ENV).is_none() => cli::launch(n),
+        (None, _) => {
             cli::pin_if_launched();
-            sweep::run(&args)
+            sweep::run(&cli.sweep)
         }
     };
     match result {

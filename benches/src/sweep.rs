@@ -1,11 +1,16 @@
 //! The measurement loop: per size, warm-up, timed iterations (out-of-place and in-place),
-//! slowest-rank time, optional result check.
+//! slowest-rank time, optional result check; then the peak RSS of every rank, the CSV and
+//! the plot.
 
 use std::time::Instant;
 
 use ampccl::{Communicator, DataType, Element, ReduceOp, bf16, f16};
 
-use crate::cli::Args;
+use crate::cli::{SweepArgs as Args, human_bytes};
+use crate::csv::Row;
+use crate::plot;
+use crate::progress::Progress;
+use crate::rss;
 
 /// Numeric conversions the checker needs.
 pub trait Num: Element + PartialEq {
@@ -93,6 +98,27 @@ impl Coll {
     }
 }
 
+/// The sizes of a sweep: `min` (at least one element of `e` bytes), times `factor` (at least
+/// 2), up to `max`.
+fn sizes(min: usize, max: usize, factor: usize, e: usize) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut size = min.max(e);
+    while size <= max {
+        v.push(size);
+        size = match size.checked_mul(factor.max(2)) {
+            Some(s) => s,
+            None => break,
+        };
+    }
+    v
+}
+
+/// Bytes of user buffers that [`measure`] holds for (`cin`, `cout`) elements of `e` bytes:
+/// the input, the out-of-place output and the in-place buffer.
+fn user_buffer_bytes(cin: usize, cout: usize, e: usize) -> usize {
+    (cin + 2 * cin.max(cout)) * e
+}
+
 /// Value of element `i` of rank `r`'s input: small integers, so every sum and product is exact.
 fn value(r: usize, i: usize) -> f64 {
     1.0 + ((r * 7 + i) % 2) as f64
@@ -100,10 +126,12 @@ fn value(r: usize, i: usize) -> f64 {
 
 /// Runs the sweep on this rank; rank 0 prints. Returns false when results were wrong.
 pub fn run(args: &Args) -> Result<bool, String> {
+    // Overlays are read before the sweep, so a bad file fails every rank at once, not after it.
+    let overlay = plot::read_series(&args.overlay, plot::Placement::Out)?;
     let comm = Communicator::from_env().map_err(|e| e.to_string())?;
     macro_rules! go {
         ($t:ty) => {
-            sweep::<$t>(&comm, args)
+            sweep::<$t>(&comm, args, &overlay)
         };
     }
     let r = match args.dtype {
@@ -123,7 +151,11 @@ pub fn run(args: &Args) -> Result<bool, String> {
     Ok(ok)
 }
 
-fn sweep<T: Num>(comm: &Communicator, args: &Args) -> Result<bool, String> {
+fn sweep<T: Num>(
+    comm: &Communicator,
+    args: &Args,
+    overlay: &[plot::Series],
+) -> Result<bool, String> {
     let coll = Coll::parse(&args.collective)
         .ok_or_else(|| format!("unknown collective {:?}", args.collective))?;
     let (n, rank) = (comm.world(), comm.rank());
@@ -179,15 +211,16 @@ fn sweep<T: Num>(comm: &Communicator, args: &Args) -> Result<bool, String> {
         );
     }
     let mut all_ok = true;
-    let mut csv = vec![
-        "collective,ranks,bytes,count,type,redop,root,placement,time_us,algbw_gbs,busbw_gbs,wrong"
-            .to_string(),
-    ];
+    let mut rows: Vec<Row> = Vec::new();
     let mut bus_sum = 0.0;
     let mut points = 0usize;
-    let mut size = args.min_bytes.max(e);
-    while size <= args.max_bytes {
+    let mut user_peak = 0usize;
+    let sizes = sizes(args.min_bytes, args.max_bytes, args.factor, e);
+    let progress = Progress::new(print, args.progress, sizes.len());
+    for (i, &size) in sizes.iter().enumerate() {
+        progress.step(i + 1, size, &args.collective);
         let (cin, cout) = coll.counts(size, e, n);
+        user_peak = user_peak.max(user_buffer_bytes(cin, cout, e));
         let mut row = Vec::new();
         for in_place in [false, true] {
             let (t, wrong) = measure::<T>(comm, coll, args, cin, cout, in_place)?;
@@ -202,6 +235,7 @@ fn sweep<T: Num>(comm: &Communicator, args: &Args) -> Result<bool, String> {
             row.push((t, algbw, busbw, wrong));
         }
         if print {
+            progress.clear();
             let redop = if coll.reduces() {
                 args.op.name()
             } else {
@@ -221,28 +255,31 @@ fn sweep<T: Num>(comm: &Communicator, args: &Args) -> Result<bool, String> {
                 print!("   {t:>9.2} {a:>7.2} {b:>7.2} {w:>6}");
             }
             println!();
-            for ((t, a, b, w), place) in row.iter().zip(["out", "in"]) {
-                csv.push(format!(
-                    "{},{n},{bytes},{count},{},{redop},{root},{place},{t:.3},{a:.4},{b:.4},{w}",
-                    args.collective,
-                    args.dtype.name()
-                ));
+            for (&(time_us, algbw_gbs, busbw_gbs, wrong), place) in row.iter().zip(["out", "in"]) {
+                rows.push(Row {
+                    collective: args.collective.clone(),
+                    ranks: n,
+                    bytes,
+                    count,
+                    dtype: args.dtype.name().to_string(),
+                    redop: redop.to_string(),
+                    root,
+                    placement: place.to_string(),
+                    time_us,
+                    algbw_gbs,
+                    busbw_gbs,
+                    wrong,
+                });
             }
         }
-        size = match size.checked_mul(args.factor.max(2)) {
-            Some(s) => s,
-            None => break,
-        };
     }
+    progress.clear();
+    let rss = peak_rss(comm)?;
     if print {
         println!(
             "# Out of bounds values : {}",
             if all_ok { "0 OK" } else { "FAILED" }
         );
-        if let Some(path) = &args.csv {
-            std::fs::write(path, csv.join("\n") + "\n")
-                .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
-        }
         println!(
             "# Avg bus bandwidth    : {:.4}",
             if points > 0 {
@@ -251,8 +288,48 @@ fn sweep<T: Num>(comm: &Communicator, args: &Args) -> Result<bool, String> {
                 0.0
             }
         );
+        println!("{}", rss_line(&rss, user_peak));
+        if let Some(path) = &args.csv {
+            crate::csv::write(path, &rows)?;
+        }
+        if let Some(png) = &args.plot {
+            let label = args
+                .csv
+                .as_deref()
+                .map(plot::label_of)
+                .unwrap_or_else(|| "ampccl".to_string());
+            let mut series = plot::series(&label, &rows, plot::Placement::Out)?;
+            series.extend_from_slice(overlay);
+            let title = format!("{}, {n} ranks, {}", args.collective, args.dtype.name());
+            plot::draw(png, &title, &series)?;
+        }
     }
     Ok(all_ok)
+}
+
+/// Every rank's peak RSS in bytes (0 where unknown), gathered on all ranks.
+fn peak_rss(comm: &Communicator) -> Result<Vec<u64>, String> {
+    let mine = [rss::peak_bytes().unwrap_or(0)];
+    let mut all = vec![0u64; comm.world()];
+    comm.all_gather(&mine, &mut all)
+        .map_err(|e| e.to_string())?;
+    Ok(all)
+}
+
+/// `# Peak RSS per rank : r0 X MiB, r1 Y MiB; user buffers Z MiB`.
+fn rss_line(rss: &[u64], user: usize) -> String {
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    let ranks: Vec<String> = rss
+        .iter()
+        .enumerate()
+        .map(|(r, &b)| format!("r{r} {:.1} MiB", mib(b)))
+        .collect();
+    format!(
+        "# Peak RSS per rank   : {}; user buffers {:.1} MiB ({})",
+        ranks.join(", "),
+        mib(user as u64),
+        human_bytes(user)
+    )
 }
 
 /// Mean time per call in µs (slowest rank) and the number of wrong elements (all ranks).
@@ -389,5 +466,38 @@ fn count_wrong<T: Num>(
             let peer = if n == 1 { rank } else { rank ^ 1 };
             (0..cout).map(|i| bad(value(peer, i), got[i])).sum()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_follow_nccl_tests() {
+        assert_eq!(sizes(8, 64, 2, 4), vec![8, 16, 32, 64]);
+        assert_eq!(sizes(1, 10, 1, 4), vec![4, 8]);
+        assert_eq!(sizes(8, 1 << 20, 4, 4).len(), 9);
+        assert!(sizes(64, 8, 2, 4).is_empty());
+        assert_eq!(sizes(usize::MAX / 2 + 1, usize::MAX, 2, 1).len(), 1);
+    }
+
+    #[test]
+    fn user_buffers_count_input_output_and_in_place() {
+        // allreduce 64 MiB of f32: input, output, in-place buffer.
+        let (cin, cout) = Coll::AllReduce.counts(64 << 20, 4, 2);
+        assert_eq!(user_buffer_bytes(cin, cout, 4), 192 << 20);
+        // allgather 64 MiB on 2 ranks: a 32 MiB input, two 64 MiB buffers.
+        let (cin, cout) = Coll::AllGather.counts(64 << 20, 4, 2);
+        assert_eq!(user_buffer_bytes(cin, cout, 4), 160 << 20);
+    }
+
+    #[test]
+    fn rss_line_names_every_rank() {
+        let l = rss_line(&[100 << 20, 101 << 20], 192 << 20);
+        assert_eq!(
+            l,
+            "# Peak RSS per rank   : r0 100.0 MiB, r1 101.0 MiB; user buffers 192.0 MiB (192 MiB)"
+        );
     }
 }

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Side-by-side: ampccl-perf vs Intel MPI (IMB-MPI1) vs Open MPI (mpi4py) vs Gloo (torch),
+alternated in one run, medians written as one CSV per peer in ampccl-perf's CSV format.
+
+    python3 benches/scripts/compare_peers.py --op allreduce --rounds 5 --out-dir DIR
+    ampccl-perf plot --out cmp.png DIR/ampccl.csv DIR/intel-mpi.csv DIR/open-mpi.csv DIR/gloo.csv
+
+Each round runs every peer once, in the order given by --peers (A, B, C, D, A, B, ...). Per
+size the CSV holds the median time over the rounds (out-of-place) and the algbw/busbw of that
+time; a markdown table of the medians and of the speed ratios goes to stdout. f32 sum, sizes
+are nccl-tests' (the larger buffer; IMB's Allgather rows are one rank's block, matched at
+size / ranks). ampccl-perf, Open MPI and Gloo run the same iteration counts per size
+(peer_bench.py's: about 256 MiB moved, 20..1000 calls, a quarter of it warm-up); IMB runs
+`-iter 1000 -time 20` (its own policy below that) and its t_avg is taken. Peers come from
+../shared/peers/install.sh (--gloo for torch) under $PEERS_HOME (default
+~/.cache/ampccl-peers); ampccl-perf from $AMPCCL_PERF, else $CARGO_TARGET_DIR/release, else
+target/release.
+"""
+import argparse, csv, io, os, statistics, subprocess, sys, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from peer_bench import BUS, HEADER, iterations, parse_size  # noqa: E402
+
+PEERS_HOME = os.environ.get("PEERS_HOME", os.path.expanduser("~/.cache/ampccl-peers"))
+IMB = {"allreduce": "Allreduce", "allgather": "Allgather", "reducescatter": "Reduce_scatter",
+       "broadcast": "Bcast"}
+NAMES = {"ampccl": "ampccl", "impi": "intel-mpi", "ompi": "open-mpi", "gloo": "gloo"}
+TITLES = {"ampccl": "ampccl", "impi": "Intel MPI", "ompi": "Open MPI", "gloo": "Gloo"}
+
+
+BUILDERS = ("rustc", "cc1", "cc1plus", "ld", "cargo", "clippy-driver", "rustdoc")
+
+
+def builders():
+    """Names of running compiler/linker processes (other people's builds on a shared box)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue
+        if name in BUILDERS:
+            found.append(name)
+    return found
+
+
+def wait_quiet(limit_s):
+    """Waits (up to limit_s) until no build runs; returns what still runs."""
+    deadline = time.time() + limit_s
+    while (busy := builders()) and time.time() < deadline:
+        time.sleep(5)
+    return busy
+
+
+def perf_exe():
+    if "AMPCCL_PERF" in os.environ:
+        return os.environ["AMPCCL_PERF"]
+    target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
+    return os.path.join(target, "release", "ampccl-perf")
+
+
+def rows_of(text):
+    """{bytes: row dict} of the out-of-place rows of an ampccl-perf CSV text."""
+    return {int(r["bytes"]): r for r in csv.DictReader(io.StringIO(text)) if r["placement"] == "out"}
+
+
+def sh(cmd, env=None):
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
+    return p.stdout
+
+
+def run_ampccl(op, ranks, sizes):
+    res = {}
+    for s in sizes:
+        n, w = iterations(s)
+        out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"ampccl-cmp-{os.getpid()}.csv")
+        sh([perf_exe(), "-o", op, "-g", str(ranks), "-b", str(s), "-e", str(s), "-n", str(n),
+            "-w", str(w), "--csv", out])
+        with open(out) as f:
+            res.update(rows_of(f.read()))
+        os.remove(out)
+    return {s: float(r["time_us"]) for s, r in res.items()}, {s: int(r["wrong"]) for s, r in res.items()}
+
+
+def run_impi(op, ranks, sizes):
+    impi = os.path.join(PEERS_HOME, "impi")
+    env = dict(os.environ, PATH=f"{impi}/bin:" + os.environ["PATH"], LD_LIBRARY_PATH=f"{impi}/lib",
+               I_MPI_ROOT=impi)
+    out = sh(["mpirun", "-n", str(ranks), "IMB-MPI1", IMB[op], "-msglog", "0:26", "-iter", "1000",
+              "-time", "20"], env)
+    per_rank = ranks if op == "allgather" else 1
+    res = {}
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 5 and f[0].isdigit() and int(f[0]) > 0:
+            res[int(f[0]) * per_rank] = float(f[4])  # t_avg (us), keyed by nccl-tests size
+    return {s: res[s] for s in sizes if s in res}, {}
+
+
+def run_bench(backend, op, ranks, sizes):
+    script = os.path.join(HERE, "peer_bench.py")
+    args = ["--backend", backend, "--op", op, "--sizes", ",".join(map(str, sizes))]
+    if backend == "mpi":
+        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        cmd = [f"{PEERS_HOME}/ompi/bin/mpiexec", "--oversubscribe", "-n", str(ranks),
+               f"{PEERS_HOME}/ompi/bin/python", script] + args
+    else:
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        cmd = [f"{PEERS_HOME}/torch/bin/torchrun", "--standalone", "--nproc-per-node", str(ranks),
+               script] + args
+    out = sh(cmd, env)
+    text = out[out.index(HEADER):]
+    rows = rows_of(text)
+    return {s: float(r["time_us"]) for s, r in rows.items()}, {s: int(r["wrong"]) for s, r in rows.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--op", default="allreduce", choices=sorted(IMB))
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--sizes", default="8,64K,1M,16M,64M")
+    ap.add_argument("--peers", default="ampccl,impi,ompi,gloo",
+                    help="comma-separated, in run order: ampccl, impi, ompi, gloo")
+    ap.add_argument("--out-dir", required=True, help="where <peer>.csv (median rows) go")
+    ap.add_argument("--wait-quiet", type=int, default=600,
+                    help="before each round, wait up to this many seconds for builds to end")
+    a = ap.parse_args()
+    sizes = [parse_size(s) for s in a.sizes.split(",")]
+    peers = a.peers.split(",")
+    unknown = [p for p in peers if p not in NAMES]
+    if unknown:
+        sys.exit(f"unknown peers {unknown}; known: {', '.join(NAMES)}")
+    runners = {"ampccl": lambda: run_ampccl(a.op, a.ranks, sizes),
+               "impi": lambda: run_impi(a.op, a.ranks, sizes),
+               "ompi": lambda: run_bench("mpi", a.op, a.ranks, sizes),
+               "gloo": lambda: run_bench("gloo", a.op, a.ranks, sizes)}
+    times = {p: [] for p in peers}
+    wrong = {p: {} for p in peers}
+    noisy = 0
+    for i in range(a.rounds):
+        busy = wait_quiet(a.wait_quiet)
+        load = os.getloadavg()[0]
+        print(f"round {i + 1}/{a.rounds}: load {load:.2f}, builds running: {busy or 'none'}",
+              file=sys.stderr)
+        for p in peers:
+            print(f"round {i + 1}/{a.rounds}: {TITLES[p]}", file=sys.stderr)
+            t, w = runners[p]()
+            times[p].append(t)
+            for s, v in w.items():
+                wrong[p][s] = wrong[p].get(s, 0) + v
+        noisy += bool(busy or builders())
+    med = {p: {s: statistics.median(r[s] for r in times[p]) for s in sizes if all(s in r for r in times[p])}
+           for p in peers}
+    os.makedirs(a.out_dir, exist_ok=True)
+    n, redop = a.ranks, "none" if a.op in ("allgather", "broadcast") else "sum"
+    root = 0 if a.op == "broadcast" else -1
+    for p in peers:
+        with open(os.path.join(a.out_dir, NAMES[p] + ".csv"), "w") as f:
+            f.write(HEADER + "\n")
+            for s, t in sorted(med[p].items()):
+                alg = s / t / 1e3
+                f.write(f"{a.op},{n},{s},{s // 4},float,{redop},{root},out,{t:.3f},{alg:.4f},"
+                        f"{alg * BUS[a.op](n):.4f},{wrong[p].get(s, 0)}\n")
+    print(f"{n} ranks, f32 {a.op}, time per call (us), medians of {a.rounds} alternated runs; "
+          f"ratio = peer time / ampccl time; builds ran during {noisy} of the rounds\n")
+    others = [p for p in peers if p != "ampccl"]
+    head = ["bytes"] + [f"{TITLES[p]} (us)" for p in peers]
+    if "ampccl" in peers:
+        head += [f"ampccl / {TITLES[p]}" for p in others]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---:|" * len(head))
+    for s in sizes:
+        cells = [str(s)] + [f"{med[p][s]:.2f}" if s in med[p] else "—" for p in peers]
+        if "ampccl" in peers:
+            cells += [f"{med[p][s] / med['ampccl'][s]:.2f}x" if s in med[p] and s in med["ampccl"] else "—"
+                      for p in others]
+        print("| " + " | ".join(cells) + " |")
+    bad = {p: w for p, w in wrong.items() if any(w.values())}
+    if bad:
+        print(f"\nWRONG RESULTS: {bad}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

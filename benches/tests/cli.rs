@@ -1,0 +1,154 @@
+//! End-to-end tests of the `ampccl-perf` binary: a 2-rank sweep writing CSV and PNG, with
+//! progress on stderr only, the peak-RSS line, and `plot` overlaying CSVs.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+const PNG_MAGIC: &[u8] = b"\x89PNG\r\n\x1a\n";
+
+fn perf(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ampccl-perf"))
+        .args(args)
+        .output()
+        .expect("ampccl-perf starts")
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ampccl-perf-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+#[test]
+fn sweep_writes_csv_png_rss_and_progress_on_stderr_only() {
+    let d = scratch("sweep");
+    let (csv, png) = (d.join("run.csv"), d.join("run.png"));
+    let out = perf(&[
+        "-g",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "1K",
+        "-n",
+        "3",
+        "-w",
+        "1",
+        "--progress",
+        "--csv",
+        csv.to_str().unwrap(),
+        "--plot",
+        png.to_str().unwrap(),
+    ]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    // 8 B .. 1 KiB: 8 sizes, numbered on stderr, never on stdout.
+    assert!(stderr.contains("[1/8] 8 B allreduce"), "{stderr}");
+    assert!(stderr.contains("[8/8] 1 KiB allreduce"), "{stderr}");
+    assert!(!stdout.contains("[1/8]"), "{stdout}");
+    let rss = stdout
+        .lines()
+        .find(|l| l.starts_with("# Peak RSS per rank"))
+        .unwrap_or_else(|| panic!("no RSS line in {stdout}"));
+    assert!(
+        rss.contains("r0 ") && rss.contains("r1 ") && rss.contains("(3 KiB)"),
+        "{rss}"
+    );
+    let rows = std::fs::read_to_string(&csv).unwrap();
+    let mut lines = rows.lines();
+    assert!(lines.next().unwrap().starts_with("collective,ranks,bytes"));
+    let data: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(data.len(), 16);
+    assert!(
+        data.iter()
+            .all(|f| f[0] == "allreduce" && f[1] == "2" && f[11] == "0")
+    );
+    let png = std::fs::read(&png).unwrap();
+    assert!(png.len() > 1000 && png.starts_with(PNG_MAGIC));
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn a_bad_overlay_fails_before_the_sweep() {
+    let d = scratch("overlay");
+    let png = d.join("never.png");
+    let out = perf(&[
+        "-g",
+        "2",
+        "-b",
+        "8",
+        "-e",
+        "8",
+        "--plot",
+        png.to_str().unwrap(),
+        "--overlay",
+        d.join("missing.csv").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("cannot read"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        !text(&out.stdout).contains("# Out of bounds"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(!png.exists());
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn no_progress_when_stderr_is_not_a_terminal() {
+    let out = perf(&["-g", "1", "-b", "8", "-e", "64", "-n", "1", "-w", "0"]);
+    assert!(out.status.success());
+    assert!(!text(&out.stderr).contains("[1/"), "{}", text(&out.stderr));
+}
+
+#[test]
+fn plot_overlays_csvs_and_rejects_foreign_files() {
+    let d = scratch("plot");
+    let header =
+        "collective,ranks,bytes,count,type,redop,root,placement,time_us,algbw_gbs,busbw_gbs,wrong";
+    for (name, bw) in [("ampccl", 8.0), ("intel-mpi", 6.0)] {
+        let mut s = format!("{header}\n");
+        for k in 3..=26 {
+            let b = 1usize << k;
+            s += &format!(
+                "allreduce,2,{b},{},float,sum,-1,out,1.0,{bw},{bw},0\n",
+                b / 4
+            );
+        }
+        std::fs::write(d.join(format!("{name}.csv")), s).unwrap();
+    }
+    let png = d.join("cmp.png");
+    let out = perf(&[
+        "plot",
+        "--out",
+        png.to_str().unwrap(),
+        d.join("ampccl.csv").to_str().unwrap(),
+        d.join("intel-mpi.csv").to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(std::fs::read(&png).unwrap().starts_with(PNG_MAGIC));
+
+    std::fs::write(d.join("bad.csv"), "bytes,time\n8,1\n").unwrap();
+    let out = perf(&[
+        "plot",
+        "--out",
+        png.to_str().unwrap(),
+        d.join("bad.csv").to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("not an ampccl-perf CSV"),
+        "{}",
+        text(&out.stderr)
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
