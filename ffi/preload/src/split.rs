@@ -19,6 +19,7 @@ use ampccl_runtime::cuda::StreamRef;
 use crate::config::settings;
 use ampccl::multipath::controller::ExecStat;
 use ampccl::multipath::key::{MpOp, OpKey};
+use ampccl::multipath::param::ParamValue;
 use ampccl::multipath::store::Decision;
 
 use crate::domain::{self, CommState, Paths, Pcie};
@@ -360,11 +361,17 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
             _ => false,
         };
     let proposal = if usable {
-        let param = store
-            .read_param(&key)
-            .ok()
-            .flatten()
-            .unwrap_or_else(|| p.initial.initial(&key));
+        let param = match store.read_param(&key).ok().flatten() {
+            Some(param) => param,
+            None => {
+                let param = prior(&key, st.nranks, p.initial.initial(&key));
+                if st.rank == 0 {
+                    // The controller starts from the prior, not from its generic initial split.
+                    let _ = store.write_param(&key, &param);
+                }
+                param
+            }
+        };
         Decision::from_param(&param, fingerprint)
     } else {
         Decision::fast_only(fingerprint)
@@ -435,6 +442,19 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
         return nccl::INTERNAL_ERROR;
     }
     r
+}
+
+/// The first split of a key the table does not hold yet: the controller's initial split,
+/// with the PCIe share of reductions scaled by `1 / (nranks - 1)` — their PCIe part fetches
+/// every peer's chunk, so its bandwidth falls that way (the initial split is tuned for 2 GPUs).
+fn prior(key: &OpKey, nranks: usize, initial: ParamValue) -> ParamValue {
+    match key.op {
+        MpOp::AllReduce | MpOp::ReduceScatter | MpOp::Reduce if nranks > 2 => {
+            let share = (1.0 - initial.effective_alpha()) / (nranks - 1) as f64;
+            initial.with_alpha(1.0 - share)
+        }
+        _ => initial,
+    }
 }
 
 /// Feeds the timings of completed split calls to the parameter store (rank 0 then folds every
@@ -517,5 +537,20 @@ fn log_once(msg: &str) {
         tracing::warn!("ampccl: {msg}");
     } else {
         tracing::debug!("ampccl: {msg}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reductions_start_with_a_smaller_pcie_share_on_more_gpus() {
+        let init = ParamValue::split(0.9);
+        let ar = OpKey::new(MpOp::AllReduce, 1 << 30, ampccl::DataType::F32);
+        let ag = OpKey::new(MpOp::AllGather, 1 << 30, ampccl::DataType::F32);
+        assert!((prior(&ar, 2, init).effective_alpha() - 0.9).abs() < 1e-6);
+        assert!((prior(&ar, 4, init).effective_alpha() - (1.0 - 0.1 / 3.0)).abs() < 1e-6);
+        assert!((prior(&ag, 4, init).effective_alpha() - 0.9).abs() < 1e-6);
     }
 }
