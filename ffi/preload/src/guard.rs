@@ -19,6 +19,8 @@ thread_local! {
 
 /// Work that must wait for the outermost `ncclGroupEnd`.
 pub enum Deferred {
+    /// A communicator created inside the group: set up its PCIe path once NCCL has made it.
+    Setup(nccl::Comm),
     /// The user stream of a split call must wait for the call's PCIe part (after NCCL's part
     /// has been enqueued, so that the two overlap).
     Join(nccl::Comm, nccl::Stream),

@@ -42,22 +42,29 @@ fn passthrough() -> bool {
     !config::enabled() || guard::reentered()
 }
 
-/// Bookkeeping after NCCL made (or started making) `comm`. The PCIe path is set up later, at
-/// the communicator's first split-worthy call: programs that never make one never pay for it.
+/// Bookkeeping after NCCL made (or started making) `comm`.
 fn made(
+    real: &Real,
     r: NcclResult,
     comm: Comm,
     domain: Option<std::sync::Arc<domain::Domain>>,
     rank: usize,
     nranks: usize,
 ) {
-    if let (true, false, Some(domain)) = (
+    let (true, false, Some(domain)) = (
         r == nccl::SUCCESS || r == nccl::IN_PROGRESS,
         comm.is_null(),
         domain,
-    ) {
-        domain::register(comm, domain, rank, nranks);
-    }
+    ) else {
+        return;
+    };
+    let st = domain::register(comm, domain, rank, nranks);
+    if guard::in_group() {
+        guard::defer(Deferred::Setup(comm));
+    } else if r == nccl::SUCCESS {
+        // SAFETY: NCCL just made `comm`.
+        unsafe { split::setup(real, comm, &st) };
+    } // else non-blocking creation: set up at the first split-worthy call.
 }
 
 /// The domain for a communicator of `nranks` made from `id`, this rank counted as arrived.
@@ -89,7 +96,14 @@ pub unsafe extern "C" fn ncclCommInitRank(
         // SAFETY: as above.
         let r = call_real(|| unsafe { (real.init_rank)(comm, nranks, id, rank) });
         // SAFETY: `comm` is a valid out-parameter NCCL has written (or left) on return.
-        made(r, unsafe { *comm }, domain, rank as usize, nranks as usize);
+        made(
+            real,
+            r,
+            unsafe { *comm },
+            domain,
+            rank as usize,
+            nranks as usize,
+        );
         r
     })
 }
@@ -115,7 +129,14 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
         // SAFETY: as above.
         let r = call_real(|| unsafe { (real.init_rank_config)(comm, nranks, id, rank, config) });
         // SAFETY: `comm` is a valid out-parameter.
-        made(r, unsafe { *comm }, domain, rank as usize, nranks as usize);
+        made(
+            real,
+            r,
+            unsafe { *comm },
+            domain,
+            rank as usize,
+            nranks as usize,
+        );
         r
     })
 }
@@ -144,7 +165,14 @@ pub unsafe extern "C" fn ncclCommInitRankScalable(
         // SAFETY: as above.
         let r = call_real(|| unsafe { f(comm, nranks, rank, n_id, ids, config) });
         // SAFETY: `comm` is a valid out-parameter.
-        made(r, unsafe { *comm }, domain, rank as usize, nranks as usize);
+        made(
+            real,
+            r,
+            unsafe { *comm },
+            domain,
+            rank as usize,
+            nranks as usize,
+        );
         r
     })
 }
@@ -177,7 +205,7 @@ pub unsafe extern "C" fn ncclCommInitAll(
         for i in 0..n {
             // SAFETY: NCCL filled `ndev` communicators.
             let comm = unsafe { *comms.add(i) };
-            made(r, comm, Some(domain.clone()), i, n);
+            made(real, r, comm, Some(domain.clone()), i, n);
         }
         r
     })
@@ -228,7 +256,7 @@ pub unsafe extern "C" fn ncclCommSplit(
                 && (real.count)(child, &mut n) == nccl::SUCCESS
         });
         if ok && rank >= 0 && n > 0 {
-            made(r, child, domain, rank as usize, n as usize);
+            made(real, r, child, domain, rank as usize, n as usize);
         }
         r
     })
@@ -292,10 +320,20 @@ pub unsafe extern "C" fn ncclGroupEnd() -> NcclResult {
         if passthrough() {
             return r;
         }
-        for Deferred::Join(comm, stream) in guard::group_leave() {
-            let j = split::join_deferred(comm, stream);
-            if r == nccl::SUCCESS {
-                r = j;
+        for work in guard::group_leave() {
+            match work {
+                Deferred::Setup(comm) => {
+                    if let Some(st) = domain::lookup(comm) {
+                        // SAFETY: NCCL made `comm` in the group that just ended.
+                        unsafe { split::setup(real, comm, &st) };
+                    }
+                }
+                Deferred::Join(comm, stream) => {
+                    let j = split::join_deferred(comm, stream);
+                    if r == nccl::SUCCESS {
+                        r = j;
+                    }
+                }
             }
         }
         r
