@@ -364,7 +364,11 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
         let param = match store.read_param(&key).ok().flatten() {
             Some(param) => param,
             None => {
-                let param = prior(&key, st.nranks, p.initial.initial(&key));
+                let param = match p.initial.name() {
+                    // A static split is the user's: exactly as given.
+                    "static" => p.initial.initial(&key),
+                    _ => prior(&key, st.nranks, p.initial.initial(&key)),
+                };
                 if st.rank == 0 {
                     // The controller starts from the prior, not from its generic initial split.
                     let _ = store.write_param(&key, &param);
@@ -444,7 +448,8 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
     r
 }
 
-/// The first split of a key the table does not hold yet: the controller's initial split,
+/// The first split of a key the table does not hold yet (adaptive controllers): the
+/// controller's initial split,
 /// with the PCIe share of reductions scaled by `1 / (nranks - 1)` — their PCIe part fetches
 /// every peer's chunk, so its bandwidth falls that way (the initial split is tuned for 2 GPUs).
 fn prior(key: &OpKey, nranks: usize, initial: ParamValue) -> ParamValue {
