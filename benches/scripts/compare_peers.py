@@ -6,7 +6,8 @@ alternated in one run, medians written as one CSV per peer in ampccl-perf's CSV 
     ampccl-perf plot --out cmp.png DIR/ampccl.csv DIR/intel-mpi.csv DIR/open-mpi.csv DIR/gloo.csv
 
 Each round runs every peer once, in the order given by --peers (A, B, C, D, A, B, ...). Per
-size the CSV holds the median time over the rounds (out-of-place) and the algbw/busbw of that
+size the CSV holds the median time over the rounds (out-of-place; in place for broadcast, as
+MPI_Bcast and torch broadcast are) and the algbw/busbw of that
 time; a markdown table of the medians and of the speed ratios goes to stdout. f32 sum, sizes
 are nccl-tests' (the larger buffer; IMB's Allgather rows are one rank's block, matched at
 size / ranks). ampccl-perf, Open MPI and Gloo run the same iteration counts per size
@@ -62,9 +63,15 @@ def perf_exe():
     return os.path.join(target, "release", "ampccl-perf")
 
 
-def rows_of(text):
-    """{bytes: row dict} of the out-of-place rows of an ampccl-perf CSV text."""
-    return {int(r["bytes"]): r for r in csv.DictReader(io.StringIO(text)) if r["placement"] == "out"}
+def placement(op):
+    """The ampccl rows that match the peers' calls: MPI_Bcast and torch's broadcast work in
+    place (one buffer); IMB's and torch's allreduce, allgather and reduce-scatter do not."""
+    return "in" if op == "broadcast" else "out"
+
+
+def rows_of(text, op):
+    """{bytes: row dict} of the rows of an ampccl-perf CSV text that match the peers' calls."""
+    return {int(r["bytes"]): r for r in csv.DictReader(io.StringIO(text)) if r["placement"] == placement(op)}
 
 
 def sh(cmd, env=None):
@@ -82,7 +89,7 @@ def run_ampccl(op, ranks, sizes):
         sh([perf_exe(), "-o", op, "-g", str(ranks), "-b", str(s), "-e", str(s), "-n", str(n),
             "-w", str(w), "--csv", out])
         with open(out) as f:
-            res.update(rows_of(f.read()))
+            res.update(rows_of(f.read(), op))
         os.remove(out)
     return {s: float(r["time_us"]) for s, r in res.items()}, {s: int(r["wrong"]) for s, r in res.items()}
 
@@ -165,7 +172,7 @@ def main():
             f.write(HEADER + "\n")
             for s, t in sorted(med[p].items()):
                 alg = s / t / 1e3
-                f.write(f"{a.op},{n},{s},{s // 4},float,{redop},{root},out,{t:.3f},{alg:.4f},"
+                f.write(f"{a.op},{n},{s},{s // 4},float,{redop},{root},{placement(a.op)},{t:.3f},{alg:.4f},"
                         f"{alg * BUS[a.op](n):.4f},{wrong[p].get(s, 0)}\n")
     print(f"{n} ranks, f32 {a.op}, time per call (us), medians of {a.rounds} alternated runs; "
           f"ratio = peer time / ampccl time; builds ran during {noisy} of the rounds\n")

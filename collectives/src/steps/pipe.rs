@@ -25,6 +25,11 @@ use ampccl_runtime::Result;
 use crate::op::OpParam;
 use crate::resource::{AlgResourceResponse, BufKind, MAIN, Mem};
 
+/// Chunks a chain pipeline aims for (see [`Slots::pipelined`]).
+pub const PIPELINE_DEPTH: usize = 8;
+/// Smallest chunk a chain pipeline cuts (below, per-chunk costs dominate).
+pub const MIN_PIPELINE_CHUNK: usize = 262144;
+
 /// The two alternating receive slots: halves of the CCL input buffer, whole elements each.
 #[derive(Clone, Copy, Debug)]
 pub struct Slots {
@@ -43,6 +48,20 @@ impl Slots {
     /// The slot of chunk `c`.
     pub fn slot(&self, c: usize) -> Mem {
         Mem::of(BufKind::CclIn).add((c % 2) * self.bytes)
+    }
+
+    /// The chunks of a `bytes`-byte message relayed along a chain: at least
+    /// [`PIPELINE_DEPTH`] chunks when that keeps them at [`MIN_PIPELINE_CHUNK`] bytes or more
+    /// (whole `elem`-byte elements), so that the ranks of the chain copy at the same time
+    /// instead of one after the other; never more than a slot.
+    pub fn pipelined(&self, bytes: usize, elem: usize) -> Chunks {
+        let want = (bytes / PIPELINE_DEPTH).max(MIN_PIPELINE_CHUNK);
+        let chunk = (want.div_ceil(elem) * elem).min(self.bytes).max(elem);
+        Chunks {
+            bytes,
+            chunk,
+            count: bytes.div_ceil(chunk),
+        }
     }
 
     /// `(offset, len)` in bytes of the chunks of a `bytes`-byte message. A point-to-point
@@ -268,7 +287,7 @@ pub fn run_chain(
         handshake: false,
         slots: Slots::new(res.ccl_in_size, p.elem()),
     };
-    relay(res, &pipe, &pipe.slots.chunks(bytes, false), stage)
+    relay(res, &pipe, &pipe.slots.pipelined(bytes, p.elem()), stage)
 }
 
 /// World 1 (and the like): `UserOut = UserIn` unless in place.
