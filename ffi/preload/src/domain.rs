@@ -133,6 +133,15 @@ impl Domain {
             .clone()
     }
 
+    /// Removes the segment's name once NCCL has made a communicator of the domain: NCCL's init
+    /// returns on no rank before every rank entered it, and every rank opened the segment
+    /// before that, so nobody needs the name any more (mappings stay valid). Idempotent.
+    pub fn seal(&self) {
+        if let Err(e) = self.segment.unlink() {
+            tracing::debug!("ampccl: unlinking {}: {e}", self.segment.name());
+        }
+    }
+
     /// After an abort: releases every stream waiting on this domain's flags, on every rank, so
     /// that no user stream stays blocked behind a PCIe part that will never complete.
     pub fn release_waiters(&self) {
@@ -300,6 +309,7 @@ impl CommState {
     /// At destroy: collects the last timings, saves the learned table (`AMPCCL_PARAM_FILE`,
     /// rank 0) and prints the report (`AMPCCL_REPORT=1`).
     pub fn finish(&self) {
+        self.domain.seal();
         let mut p = self.lock();
         if let Pcie::Ready { rank, .. } = &mut p.pcie {
             // Destroy may block: let the last calls finish so that they are counted.
@@ -336,6 +346,7 @@ impl CommState {
     /// Sets up this rank's parameter store handle and PCIe path on `device`, and publishes the
     /// outcome to the domain.
     pub fn setup(&self, device: i32) {
+        self.domain.seal();
         let mut p = self.lock();
         if !matches!(p.pcie, Pcie::Pending) {
             return;

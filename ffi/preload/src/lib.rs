@@ -287,6 +287,7 @@ pub unsafe extern "C" fn ncclCommAbort(comm: Comm) -> NcclResult {
         if !passthrough()
             && let Some(st) = domain::unregister(comm)
         {
+            st.domain.seal();
             // Streams waiting on peers that may be gone are released; the PCIe resources are
             // left to the process (their streams may still hold work that never finishes).
             st.domain.release_waiters();

@@ -132,6 +132,39 @@ fn without_cuda_every_call_reaches_nccl_whole_and_once() {
     assert_eq!(err.matches("communicator registered").count(), 4, "{err}");
 }
 
+/// Rendezvous segments in `/dev/shm` (`ampccl.rdv.*`).
+fn rendezvous_files() -> Vec<String> {
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with("ampccl.rdv."))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn no_rendezvous_segment_outlives_the_program() {
+    let before = rendezvous_files();
+    let (ok, out, err) = run("client", &[], &[("LD_PRELOAD", &preload())]);
+    assert!(ok, "{out}{err}");
+    // Other tests may be running clients right now: only names this run could have left and
+    // that are still there a moment later count.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let left: Vec<_> = rendezvous_files()
+        .into_iter()
+        .filter(|n| !before.contains(n))
+        .collect();
+    let (ok2, out2, err2) = run("client", &[], &[("LD_PRELOAD", &preload())]);
+    assert!(ok2, "{out2}{err2}");
+    let stale: Vec<_> = left
+        .iter()
+        .filter(|n| rendezvous_files().contains(n))
+        .collect();
+    assert!(stale.is_empty(), "segments left in /dev/shm: {stale:?}");
+}
+
 #[test]
 fn disabled_is_a_pure_pass_through() {
     let reference = reference_log();

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef struct { char internal[128]; } ncclUniqueId;
 typedef void *ncclComm_t;
@@ -24,8 +25,10 @@ int ncclReduce(const void *, void *, size_t, int, int, int, ncclComm_t, void *);
 
 /* Every wrapped entry point once, large counts included (1 Gi floats). */
 int user_run(void) {
+  /* An id of this process (parallel test processes must not meet in one domain). */
   ncclUniqueId id;
   memset(&id, 3, sizeof id);
+  snprintf(id.internal, sizeof id.internal, "user-%d", (int)getpid());
   ncclComm_t c, all[2], sub;
   const size_t big = (size_t)1 << 28;
   CHECK(ncclCommInitRank(&c, 1, id, 0));
