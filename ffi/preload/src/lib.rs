@@ -78,6 +78,28 @@ fn arrive_by_id(id: &UniqueId, nranks: c_int) -> Option<std::sync::Arc<domain::D
         .ok()
 }
 
+/// The body of the `ncclCommInitRank*` hooks: arrive in the domain of `id` (when there is
+/// one), run NCCL's `init`, register the communicator NCCL wrote to `comm`.
+fn init_rank(
+    name: &str,
+    comm: *mut Comm,
+    (nranks, rank): (c_int, c_int),
+    id: Option<&UniqueId>,
+    init: impl Fn(&Real) -> NcclResult,
+) -> NcclResult {
+    with_real(name, |real| {
+        let Some(id) = id.filter(|_| !passthrough() && !comm.is_null()) else {
+            return call_real(|| init(real));
+        };
+        let domain = arrive_by_id(id, nranks);
+        let r = call_real(|| init(real));
+        // SAFETY: `comm` is the non-null out-parameter NCCL has written (or left) on return.
+        let made_comm = unsafe { *comm };
+        made(real, r, made_comm, domain, rank as usize, nranks as usize);
+        r
+    })
+}
+
 /// # Safety
 /// NCCL's contract for `ncclCommInitRank`.
 #[unsafe(no_mangle)]
@@ -87,25 +109,14 @@ pub unsafe extern "C" fn ncclCommInitRank(
     id: UniqueId,
     rank: c_int,
 ) -> NcclResult {
-    with_real("ncclCommInitRank", |real| {
-        if passthrough() || comm.is_null() {
-            // SAFETY: the application's arguments, unchanged.
-            return call_real(|| unsafe { (real.init_rank)(comm, nranks, id, rank) });
-        }
-        let domain = arrive_by_id(&id, nranks);
-        // SAFETY: as above.
-        let r = call_real(|| unsafe { (real.init_rank)(comm, nranks, id, rank) });
-        // SAFETY: `comm` is a valid out-parameter NCCL has written (or left) on return.
-        made(
-            real,
-            r,
-            unsafe { *comm },
-            domain,
-            rank as usize,
-            nranks as usize,
-        );
-        r
-    })
+    // SAFETY: the application's arguments, unchanged.
+    init_rank(
+        "ncclCommInitRank",
+        comm,
+        (nranks, rank),
+        Some(&id),
+        |real| unsafe { (real.init_rank)(comm, nranks, id, rank) },
+    )
 }
 
 /// # Safety
@@ -118,27 +129,14 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
     rank: c_int,
     config: *mut c_void,
 ) -> NcclResult {
-    with_real("ncclCommInitRankConfig", |real| {
-        if passthrough() || comm.is_null() {
-            // SAFETY: the application's arguments, unchanged.
-            return call_real(|| unsafe {
-                (real.init_rank_config)(comm, nranks, id, rank, config)
-            });
-        }
-        let domain = arrive_by_id(&id, nranks);
-        // SAFETY: as above.
-        let r = call_real(|| unsafe { (real.init_rank_config)(comm, nranks, id, rank, config) });
-        // SAFETY: `comm` is a valid out-parameter.
-        made(
-            real,
-            r,
-            unsafe { *comm },
-            domain,
-            rank as usize,
-            nranks as usize,
-        );
-        r
-    })
+    // SAFETY: the application's arguments, unchanged.
+    init_rank(
+        "ncclCommInitRankConfig",
+        comm,
+        (nranks, rank),
+        Some(&id),
+        |real| unsafe { (real.init_rank_config)(comm, nranks, id, rank, config) },
+    )
 }
 
 /// # Safety
@@ -152,29 +150,19 @@ pub unsafe extern "C" fn ncclCommInitRankScalable(
     ids: *mut UniqueId,
     config: *mut c_void,
 ) -> NcclResult {
-    with_real("ncclCommInitRankScalable", |real| {
-        let Some(f) = real.init_rank_scalable else {
-            return nccl::SYSTEM_ERROR;
-        };
-        if passthrough() || comm.is_null() || ids.is_null() || n_id < 1 {
+    // SAFETY: `ids` points to `n_id` ids (NCCL's contract); the first names the domain.
+    let id = (!ids.is_null() && n_id >= 1).then(|| unsafe { &*ids });
+    init_rank(
+        "ncclCommInitRankScalable",
+        comm,
+        (nranks, rank),
+        id,
+        |real| match real.init_rank_scalable {
             // SAFETY: the application's arguments, unchanged.
-            return call_real(|| unsafe { f(comm, nranks, rank, n_id, ids, config) });
-        }
-        // SAFETY: `ids` points to at least one id (n_id >= 1).
-        let domain = arrive_by_id(unsafe { &*ids }, nranks);
-        // SAFETY: as above.
-        let r = call_real(|| unsafe { f(comm, nranks, rank, n_id, ids, config) });
-        // SAFETY: `comm` is a valid out-parameter.
-        made(
-            real,
-            r,
-            unsafe { *comm },
-            domain,
-            rank as usize,
-            nranks as usize,
-        );
-        r
-    })
+            Some(f) => unsafe { f(comm, nranks, rank, n_id, ids, config) },
+            None => nccl::SYSTEM_ERROR,
+        },
+    )
 }
 
 /// # Safety
