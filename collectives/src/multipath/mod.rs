@@ -9,6 +9,7 @@
 //!   and writes it) and the decision ring that makes every rank use the same split per call.
 //! - [`persist`]: `AMPCCL_PARAM_FILE` warm start; [`config`]: the env tunables; [`report()`]:
 //!   the learned table as text (`AMPCCL_REPORT=1`).
+//! - [`schedule`]: the PCIe pipeline's flag schedule (loom-checked).
 //! - [`sim`]: a simulated two-path link the controllers are tested against.
 
 pub mod config;
@@ -20,6 +21,7 @@ pub mod pcie;
 pub mod persist;
 pub mod planner;
 mod report;
+pub mod schedule;
 pub mod sim;
 pub mod store;
 
@@ -27,5 +29,6 @@ pub use report::report;
 
 #[cfg(all(test, ampccl_loom))]
 mod tests {
+    mod loom_schedule;
     mod loom_store;
 }

@@ -239,7 +239,17 @@ impl RmaDevice for ShmDevice {
                 } else {
                     // SAFETY: `src` valid for `len` by contract.
                     let data = unsafe { std::slice::from_raw_parts(src, len) };
-                    cma::write(self.pids[peer], data, addr as usize)
+                    cma::write(self.pids[peer], data, addr as usize).map_err(|e| {
+                        // A peer killed during the write is a dead peer, not a system error.
+                        if process_alive(self.pids[peer]) {
+                            e
+                        } else {
+                            Error::Remote(format!(
+                                "{} died while this rank wrote into its buffer",
+                                self.peer_desc(peer)
+                            ))
+                        }
+                    })
                 };
                 v.u32(H_USER_WRITERS).fetch_sub(1, Ordering::SeqCst);
                 r

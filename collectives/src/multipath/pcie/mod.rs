@@ -2,7 +2,8 @@
 //! driven entirely by CUDA streams (no host thread takes part once the work is enqueued).
 //!
 //! Each rank has two side streams. Per pipeline chunk `g` (numbered across all operations of
-//! the domain, identically on every rank; staging slot `g % slots`):
+//! the domain, identically on every rank; staging slot `g % slots`), following
+//! [`crate::multipath::schedule`] (loom-checked):
 //!
 //! ```text
 //! send stream:  wait consumed[q] >= g+1-slots (all q ≠ me)  → D2H my pieces into my slot
@@ -42,6 +43,7 @@ pub use layout::{HeaderRef, Layout, RankStatus};
 use timing::TimingRing;
 pub use timing::{CallTiming, Timed};
 
+use crate::multipath::schedule::{ChunkFlags, Flag};
 use crate::{Error, Result};
 
 /// Which collective, with its root where it has one.
@@ -428,71 +430,55 @@ impl ChunkCtx<'_> {
         base + ((block * self.op.block + self.range.first) * self.op.dtype.size()) as u64
     }
 
-    fn slot(&self) -> usize {
-        (self.g % self.rank.area.layout.slots as u64) as usize
+    /// The flag schedule of this chunk.
+    fn flags(&self) -> ChunkFlags {
+        ChunkFlags {
+            g: self.g,
+            me: self.me(),
+            nranks: self.nranks(),
+            slots: self.rank.area.layout.slots,
+        }
     }
 
-    fn flag_value(&self) -> u32 {
-        // Chunk numbers wrap after 2^32 chunks (petabytes of PCIe traffic).
-        (self.g + 1) as u32
+    fn slot(&self) -> usize {
+        self.flags().slot()
+    }
+
+    /// Device address of a flag.
+    fn flag(&self, f: Flag) -> u64 {
+        let l = &self.rank.area.layout;
+        self.rank.area.flag(match f {
+            Flag::Ready(r) => l.ready_off(r),
+            Flag::Consumed(r) => l.consumed_off(r),
+        })
     }
 
     unsafe fn begin_send(&mut self) -> Result<()> {
-        let slots = self.rank.area.layout.slots as u64;
-        if self.g >= slots {
-            let need = (self.g + 1 - slots) as u32;
-            for q in (0..self.nranks()).filter(|&q| q != self.me()) {
-                let flag = self.rank.area.flag(self.rank.area.layout.consumed_off(q));
-                // SAFETY: the flag lies in the registered area.
-                unsafe { self.rank.res.send.handle().wait_flag(flag, need) }?;
-            }
+        for (f, v) in self.flags().send_waits() {
+            // SAFETY: the flag lies in the registered area.
+            unsafe { self.rank.res.send.handle().wait_flag(self.flag(f), v) }?;
         }
         Ok(())
     }
 
     unsafe fn end_send(&mut self) -> Result<()> {
-        let flag = self
-            .rank
-            .area
-            .flag(self.rank.area.layout.ready_off(self.me()));
+        let (f, v) = self.flags().send_signal();
         // SAFETY: the flag lies in the registered area.
-        unsafe {
-            self.rank
-                .res
-                .send
-                .handle()
-                .write_flag(flag, self.flag_value())
-        }
+        unsafe { self.rank.res.send.handle().write_flag(self.flag(f), v) }
     }
 
     unsafe fn begin_recv(&mut self) -> Result<()> {
-        for p in 0..self.nranks() {
-            let flag = self.rank.area.flag(self.rank.area.layout.ready_off(p));
+        for (f, v) in self.flags().recv_waits() {
             // SAFETY: the flag lies in the registered area.
-            unsafe {
-                self.rank
-                    .res
-                    .recv
-                    .handle()
-                    .wait_flag(flag, self.flag_value())
-            }?;
+            unsafe { self.rank.res.recv.handle().wait_flag(self.flag(f), v) }?;
         }
         Ok(())
     }
 
     unsafe fn end_recv(&mut self) -> Result<()> {
-        let flag = self
-            .rank
-            .area
-            .flag(self.rank.area.layout.consumed_off(self.me()));
+        let (f, v) = self.flags().recv_signal();
         // SAFETY: the flag lies in the registered area.
-        unsafe {
-            self.rank
-                .res
-                .recv
-                .handle()
-                .write_flag(flag, self.flag_value())
-        }
+        unsafe { self.rank.res.recv.handle().write_flag(self.flag(f), v) }
     }
 
     fn piece_ptr(&self, writer: usize, piece: usize) -> *mut u8 {
