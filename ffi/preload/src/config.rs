@@ -24,7 +24,6 @@ use ampccl::multipath::planner::PlannerRules;
 /// The interposer's settings.
 #[derive(Clone, Debug)]
 pub struct Settings {
-    pub enable: bool,
     pub pcie: bool,
     /// Controller, parameter file, report.
     pub mp: MpConfig,
@@ -36,7 +35,12 @@ pub struct Settings {
 /// Whether the interposer is on (`AMPCCL_ENABLE`, read once; cheap afterwards).
 pub fn enabled() -> bool {
     static ENABLED: OnceLock<bool> = OnceLock::new();
-    *ENABLED.get_or_init(|| std::env::var("AMPCCL_ENABLE").map_or(true, |v| v.trim() != "0"))
+    *ENABLED.get_or_init(|| enable_from(|k| std::env::var(k).ok()))
+}
+
+/// `AMPCCL_ENABLE` from a variable lookup: on unless it is `0`.
+fn enable_from(get: impl Fn(&str) -> Option<String>) -> bool {
+    get("AMPCCL_ENABLE").is_none_or(|v| v.trim() != "0")
 }
 
 /// The settings (read once).
@@ -60,7 +64,6 @@ impl Settings {
             .next_multiple_of(4096)
             .max(4096);
         Settings {
-            enable: get("AMPCCL_ENABLE").is_none_or(|v| v.trim() != "0"),
             pcie: get("AMPCCL_ENABLE_PCIE").is_none_or(|v| v.trim() != "0"),
             mp: multipath(&get),
             rules: PlannerRules {
@@ -112,7 +115,7 @@ mod tests {
     #[test]
     fn defaults_and_overrides() {
         let s = Settings::from_lookup(|_| None);
-        assert!(s.enable && s.pcie);
+        assert!(enable_from(|_| None) && s.pcie);
         assert_eq!(s.mp.algo, "bw");
         assert_eq!(s.chunk_bytes, 4 << 20);
         let env = |k: &str| match k {
@@ -124,7 +127,7 @@ mod tests {
             _ => None,
         };
         let s = Settings::from_lookup(env);
-        assert!(!s.enable);
+        assert!(!enable_from(env));
         assert_eq!(s.mp.algo, "static:0.5");
         assert_eq!(s.rules.min_msg_bytes, 1 << 20);
         assert_eq!(s.chunk_bytes, 8192, "rounded up to pages");

@@ -76,13 +76,6 @@ impl Call {
         // SAFETY: the application's own arguments, unchanged.
         call_real(|| unsafe {
             match *self {
-                Call::AllReduce {
-                    send,
-                    recv,
-                    count,
-                    dt,
-                    op,
-                } => (real.all_reduce)(send, recv, count, dt, op, comm, stream),
                 Call::AllGather {
                     send,
                     recv,
@@ -96,23 +89,50 @@ impl Call {
                     dt,
                     op,
                 } => (real.reduce_scatter)(send, recv, count, dt, op, comm, stream),
+                Call::AllReduce { count, .. }
+                | Call::Broadcast { count, .. }
+                | Call::Reduce { count, .. } => self.prefix(real, count, comm, stream),
+            }
+        })
+    }
+
+    /// The call on the first `n` elements of its buffers, for the collectives whose rank block
+    /// is the whole buffer (allreduce, broadcast, reduce); the blocked ones (allgather,
+    /// reduce-scatter) have no such prefix and answer `ncclInternalError`.
+    ///
+    /// # Safety
+    /// The application's buffers, at least `n` elements long.
+    unsafe fn prefix(
+        &self,
+        real: &Real,
+        n: usize,
+        comm: nccl::Comm,
+        stream: nccl::Stream,
+    ) -> NcclResult {
+        // SAFETY: the application's arguments with a count no larger than its own.
+        unsafe {
+            match *self {
+                Call::AllReduce {
+                    send, recv, dt, op, ..
+                } => (real.all_reduce)(send, recv, n, dt, op, comm, stream),
                 Call::Broadcast {
                     send,
                     recv,
-                    count,
                     dt,
                     root,
-                } => (real.broadcast)(send, recv, count, dt, root, comm, stream),
+                    ..
+                } => (real.broadcast)(send, recv, n, dt, root, comm, stream),
                 Call::Reduce {
                     send,
                     recv,
-                    count,
                     dt,
                     op,
                     root,
-                } => (real.reduce)(send, recv, count, dt, op, root, comm, stream),
+                    ..
+                } => (real.reduce)(send, recv, n, dt, op, root, comm, stream),
+                Call::AllGather { .. } | Call::ReduceScatter { .. } => nccl::INTERNAL_ERROR,
             }
-        })
+        }
     }
 
     /// The collective, as the multipath parameters name it.
@@ -233,24 +253,9 @@ impl Call {
         // SAFETY: the prefixes lie inside the application's buffers.
         call_real(|| unsafe {
             match *self {
-                Call::AllReduce {
-                    send, recv, dt, op, ..
-                } => (real.all_reduce)(send, recv, fast, dt, op, comm, stream),
-                Call::Broadcast {
-                    send,
-                    recv,
-                    dt,
-                    root,
-                    ..
-                } => (real.broadcast)(send, recv, fast, dt, root, comm, stream),
-                Call::Reduce {
-                    send,
-                    recv,
-                    dt,
-                    op,
-                    root,
-                    ..
-                } => (real.reduce)(send, recv, fast, dt, op, root, comm, stream),
+                Call::AllReduce { .. } | Call::Broadcast { .. } | Call::Reduce { .. } => {
+                    self.prefix(real, fast, comm, stream)
+                }
                 Call::AllGather {
                     send,
                     recv,
@@ -431,10 +436,11 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
     let r = unsafe { call.fast(real, rank, &st, (split.fast, es), (comm, stream)) };
     if let Some(t) = timed {
         let _ = rank.time_fast_end(t, user);
-        let per_block =
-            |n: usize| (n * es * if block * es == bytes { 1 } else { st.nranks }) as u64;
+        // Bytes each path moves: its elements per block times the blocks the call moves.
+        let blocks = bytes / (block * es);
+        let moved = |n: usize| (n * es * blocks) as u64;
         p.inflight
-            .insert(index, (key, per_block(split.fast), per_block(split.pcie)));
+            .insert(index, (key, moved(split.fast), moved(split.pcie)));
     }
     absorb(p, st.rank, &done);
     if guard::in_group() {

@@ -300,10 +300,10 @@ impl ReduceKernels {
         Ok(ReduceKernels { module, functions })
     }
 
+    /// `ALL` lists data types and operators in the order of their NCCL values, which is the
+    /// order `load` fills `functions` in (checked by a test).
     fn function(&self, dt: DataType, op: ReduceOp) -> sys::CUfunction {
-        let d = DataType::ALL.iter().position(|&x| x == dt).unwrap_or(0);
-        let o = ReduceOp::ALL.iter().position(|&x| x == op).unwrap_or(0);
-        self.functions[d * ReduceOp::ALL.len() + o]
+        self.functions[dt as usize * ReduceOp::ALL.len() + op as usize]
     }
 
     /// Enqueues `out[i] = srcs[0][i] ⊕ … ⊕ srcs[k-1][i]` for `i < count` on `stream`.
@@ -384,6 +384,16 @@ mod tests {
                 let name = kernel_name(dt, op);
                 assert_eq!(src.matches(&format!(" {name}(")).count(), 1, "{name}");
             }
+        }
+    }
+
+    #[test]
+    fn kernel_table_is_indexed_by_nccl_values() {
+        for (i, dt) in DataType::ALL.into_iter().enumerate() {
+            assert_eq!(dt as usize, i);
+        }
+        for (i, op) in ReduceOp::ALL.into_iter().enumerate() {
+            assert_eq!(op as usize, i);
         }
     }
 

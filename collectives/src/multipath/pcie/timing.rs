@@ -106,10 +106,9 @@ impl TimingRing {
         }
         s.pending = None;
         let ms = |a: &CudaEvent, b: &CudaEvent| CudaEvent::elapsed_ms(a, b).ok();
-        let (Some(fast), Some(pcie), Some(to_fast_end), Some(to_pcie_end)) = (
+        let (Some(fast), Some(pcie), Some(to_pcie_end)) = (
             ms(&s.fast_start, &s.fast_end),
             ms(&s.pcie_start, &s.pcie_end),
-            ms(&s.fast_start, &s.fast_end),
             ms(&s.fast_start, &s.pcie_end),
         ) else {
             return; // an event was never recorded (the call failed half-way): no timing
@@ -118,7 +117,7 @@ impl TimingRing {
             tag,
             fast_ms: fast,
             pcie_ms: pcie,
-            wall_ms: to_fast_end.max(to_pcie_end),
+            wall_ms: fast.max(to_pcie_end),
         });
     }
 }
