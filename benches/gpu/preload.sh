@@ -30,7 +30,7 @@ while [ $# -gt 0 ]; do
         AMPCCL_ALPHA=0.5 AMPCCL_REPORT=1 AMPCCL_LOG=${AMPCCL_LOG:-info} run check-preload 1 --mode check
       summary+=("python $HERE/compare.py check $OUT/check-nccl $OUT/check-preload")
       # Proof that the PCIe path carried part of the calls: rank 0's tally of split calls.
-      summary+=("grep -A 12 -m 1 'split calls, rank 0' $OUT/check-preload.log")
+      summary+=("grep -A 16 -m 1 'timed calls, rank 0' $OUT/check-preload.log")
       ;;
     bench)
       shift

@@ -1,6 +1,7 @@
 //! A simulated two-path link for testing controllers without GPUs: each path takes
-//! `latency + bytes / bandwidth`, times get seeded multiplicative noise, and the PCIe path can
-//! be degraded or made to fail. Deterministic (SplitMix64), so tests and benches reproduce.
+//! `latency + bytes / bandwidth`, the fast path slows by a set fraction for as long as the PCIe
+//! path runs alongside (interference), times get seeded multiplicative noise, and the PCIe path can be
+//! degraded or made to fail. Deterministic (SplitMix64), so tests and benches reproduce.
 
 use super::controller::ExecStat;
 use super::param::ParamValue;
@@ -34,6 +35,9 @@ pub struct TwoPath {
     pub noise: f64,
     /// When true the PCIe part fails (its stat says `success: false`).
     pub pcie_fails: bool,
+    /// Relative slowdown of the fast path while the PCIe path runs alongside (0.05: 5 %
+    /// slower when the PCIe part lasts as long as the fast part).
+    pub interference: f64,
     /// Split alignment in bytes (the planner's).
     pub align: u64,
     rng: u64,
@@ -46,6 +50,7 @@ impl TwoPath {
             pcie,
             noise: 0.0,
             pcie_fails: false,
+            interference: 0.0,
             align: 4096,
             rng: seed,
         }
@@ -80,8 +85,9 @@ impl TwoPath {
     pub fn run(&mut self, total: u64, p: &ParamValue) -> ExecStat {
         let fast_bytes = self.fast_bytes(total, p);
         let pcie_bytes = total - fast_bytes;
-        let fast_time_us = self.noisy(self.fast.time_us(fast_bytes));
-        let pcie_time_us = self.noisy(self.pcie.time_us(pcie_bytes));
+        let pcie_us = self.pcie.time_us(pcie_bytes);
+        let fast_time_us = self.noisy(self.fast_time(fast_bytes, pcie_us));
+        let pcie_time_us = self.noisy(pcie_us);
         ExecStat {
             fast_time_us,
             pcie_time_us,
@@ -91,23 +97,37 @@ impl TwoPath {
         }
     }
 
-    /// The noise-free best alpha for `total` bytes (1.0 when splitting does not pay).
+    /// Noise-free µs of the fast path's `bytes` next to `pcie_us` of PCIe work: slowed by
+    /// `interference` for the fraction of its time the PCIe path runs alongside.
+    fn fast_time(&self, bytes: u64, pcie_us: f64) -> f64 {
+        let alone = self.fast.time_us(bytes);
+        if alone == 0.0 {
+            return 0.0;
+        }
+        alone * (1.0 + self.interference * (pcie_us / alone).min(1.0))
+    }
+
+    /// The noise-free best alpha for `total` bytes, to 1e-4 (1.0 when splitting does not pay).
     pub fn optimal_alpha(&self, total: u64) -> f64 {
         if self.pcie_fails {
             return 1.0;
         }
-        let s = total as f64;
-        let (cf, cp) = (
-            1.0 / (self.fast.bw_gbps * 1e3),
-            1.0 / (self.pcie.bw_gbps * 1e3),
-        );
-        ((self.pcie.lat_us - self.fast.lat_us + s * cp) / (s * (cf + cp))).clamp(0.0, 1.0)
+        (0..10_000)
+            .map(|i| f64::from(i) / 10_000.0)
+            .fold(1.0, |best, a| {
+                if self.time_at(total, a) < self.time_at(total, best) {
+                    a
+                } else {
+                    best
+                }
+            })
     }
 
     /// Noise-free time of a call with fast-path fraction `alpha`.
     pub fn time_at(&self, total: u64, alpha: f64) -> f64 {
-        let f = (alpha * total as f64) as u64;
-        self.fast.time_us(f).max(self.pcie.time_us(total - f))
+        let f = ((alpha * total as f64) as u64).min(total);
+        let pcie = self.pcie.time_us(total - f);
+        self.fast_time(f, pcie).max(pcie)
     }
 }
 

@@ -13,7 +13,7 @@
 //! | `AMPCCL_ALIGN` | `4096` | the PCIe part is a multiple of this many bytes |
 //! | `AMPCCL_CHUNK_SIZE` | `4M` | pipeline chunk (staging slot) per rank |
 //! | `AMPCCL_SLOTS` | `4` | staging slots per rank (pipeline depth) |
-//! | `AMPCCL_REPORT` | `0` | `1`: print each communicator's measured split calls at destroy |
+//! | `AMPCCL_REPORT` | `0` | `1`: print each communicator's timed calls (split and NCCL-alone rows) at destroy |
 //! | `AMPCCL_LOG` | `warn` | log filter |
 
 use std::sync::OnceLock;
@@ -118,6 +118,7 @@ mod tests {
         assert!(enable_from(|_| None) && s.pcie);
         assert_eq!(s.mp.algo, "bw");
         assert_eq!(s.chunk_bytes, 4 << 20);
+        assert_eq!(s.rules.min_msg_bytes, 256 << 20, "the documented default");
         let env = |k: &str| match k {
             "AMPCCL_ENABLE" => Some("0".to_string()),
             "AMPCCL_ALPHA" => Some("0.5".into()),

@@ -226,12 +226,14 @@ pub struct Paths {
     pub aggregator: Option<Aggregator>,
     /// Index of the next split-worthy call (the same sequence on every rank).
     pub next_call: u64,
-    /// Timed split calls per key so far; the first [`WARMUP_CALLS`] of a key are not fed to the
+    /// Split-worthy calls per key so far (the same on every rank): which are reference calls.
+    pub calls: HashMap<ampccl::multipath::key::OpKey, u64>,
+    /// Timed calls per key so far; the first [`WARMUP_CALLS`] of a key are not fed to the
     /// controller (they carry one-time costs such as NCCL connecting peers).
     pub seen: HashMap<ampccl::multipath::key::OpKey, u32>,
-    /// Split calls whose timing is pending: call index → (key, NCCL bytes, PCIe bytes).
+    /// Calls whose timing is pending: call index → (key, NCCL bytes, PCIe bytes).
     pub inflight: HashMap<u64, (ampccl::multipath::key::OpKey, u64, u64)>,
-    /// Measured times of split calls (for `AMPCCL_REPORT`).
+    /// Measured times of the timed calls (for `AMPCCL_REPORT`).
     pub tally: crate::report::Tally,
     /// The configured controller, for the initial split of keys the table does not hold yet.
     pub initial: Box<dyn ampccl::multipath::controller::Controller>,
@@ -276,6 +278,7 @@ pub fn register(
             store: None,
             aggregator: None,
             next_call: 0,
+            calls: HashMap::new(),
             inflight: HashMap::new(),
             seen: HashMap::new(),
             tally: Default::default(),

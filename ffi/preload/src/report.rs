@@ -1,5 +1,6 @@
-//! Per-communicator tally of the split calls' measured path times, printed at
-//! `ncclCommDestroy` when `AMPCCL_REPORT=1` (next to the learned table).
+//! Per-communicator tally of the timed calls' measured path times (split calls, and calls on
+//! NCCL alone in their own rows), printed at `ncclCommDestroy` when `AMPCCL_REPORT=1` (next to
+//! the learned table).
 
 use std::collections::BTreeMap;
 
@@ -18,7 +19,8 @@ struct Sum {
 /// Accumulated timings of one communicator, per collective, size bucket and data type.
 #[derive(Default)]
 pub struct Tally {
-    sums: BTreeMap<(MpOp, u8, i32), (OpKey, Sum)>,
+    /// Keyed by the op key and whether the calls were split.
+    sums: BTreeMap<((MpOp, u8, i32), bool), (OpKey, Sum)>,
 }
 
 impl Tally {
@@ -26,7 +28,7 @@ impl Tally {
     pub fn add(&mut self, key: OpKey, alpha: f64, t: &CallTiming) {
         let (_, s) = self
             .sums
-            .entry(key.sort_key())
+            .entry((key.sort_key(), alpha < 1.0))
             .or_insert_with(|| (key, Sum::default()));
         s.calls += 1;
         s.alpha += alpha;
@@ -38,7 +40,7 @@ impl Tally {
     /// The table, one line per key, means over the timed calls.
     pub fn render(&self, rank: usize) -> String {
         let mut out = format!(
-            "ampccl split calls, rank {rank} (means)\n{:>13} {:>11} {:>8} {:>6} {:>6} {:>9} {:>9} {:>9}\n",
+            "ampccl timed calls, rank {rank} (means; alpha 1: NCCL alone)\n{:>13} {:>11} {:>8} {:>6} {:>6} {:>9} {:>9} {:>9}\n",
             "op", "<=bytes", "dtype", "calls", "alpha", "nccl ms", "pcie ms", "wall ms"
         );
         for (k, s) in self.sums.values() {

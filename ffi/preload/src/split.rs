@@ -17,7 +17,8 @@ use ampccl::multipath::pcie::{PcieKind, PcieOp, PcieRank};
 use ampccl_runtime::cuda::StreamRef;
 
 use crate::config::settings;
-use ampccl::multipath::controller::ExecStat;
+use ampccl::multipath::controller::{ExecStat, is_reference};
+use ampccl::multipath::planner::Split;
 use ampccl::multipath::key::{MpOp, OpKey};
 use ampccl::multipath::param::ParamValue;
 use ampccl::multipath::store::Decision;
@@ -365,7 +366,14 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
             Pcie::Ready { rank, .. } => matches!(rank.capturing(user), Ok(false)),
             _ => false,
         };
-    let proposal = if usable {
+    // The controller's reference calls run on NCCL alone whatever the table says (counted
+    // after the warm-up calls, identically on every rank).
+    let nth = p.calls.entry(key).or_insert(0);
+    let reference = nth
+        .checked_sub(u64::from(domain::WARMUP_CALLS))
+        .is_some_and(|n| is_reference(p.initial.reference_every(), n));
+    *nth += 1;
+    let proposal = if usable && !reference {
         let param = match store.read_param(&key).ok().flatten() {
             Some(param) => param,
             None => {
@@ -405,35 +413,43 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
         alpha = decision.alpha(),
         pcie = decision.use_pcie,
         "decision");
-    if !decision.use_pcie {
-        return full();
-    }
     let Pcie::Ready { rank, .. } = &mut p.pcie else {
-        tracing::error!(
-            "ampccl: the ranks agreed on a split this rank cannot make (call {index}); NCCL alone"
-        );
+        if decision.use_pcie {
+            tracing::error!(
+                "ampccl: the ranks agreed on a split this rank cannot make (call {index}); NCCL alone"
+            );
+        }
         return full();
     };
     if !usable {
-        tracing::error!(
-            "ampccl: the ranks agreed on a split while this rank's stream is being captured (call {index})"
-        );
+        if decision.use_pcie {
+            tracing::error!(
+                "ampccl: the ranks agreed on a split while this rank's stream is being captured (call {index})"
+            );
+        }
         return full();
     }
-    let split = s.rules.split(block, es, bytes, decision.alpha());
-    if !split.uses_pcie() {
-        return full();
-    }
-    let pop = call.pcie_op(dtype, op, split.fast, split.pcie);
+    let split = if decision.use_pcie {
+        s.rules.split(block, es, bytes, decision.alpha())
+    } else {
+        Split::fast_only(block)
+    };
     let mut done = Vec::new();
-    let timed = rank.time_call(user, index, &mut done);
-    // SAFETY: the buffers are the application's, sized as the collective implies.
-    if let Err(e) = unsafe { rank.enqueue(&pop, user, timed) } {
-        log_once(&format!("PCIe part failed, call done by NCCL alone: {e}"));
-        return full();
-    }
-    // SAFETY: as above.
-    let r = unsafe { call.fast(real, rank, &st, (split.fast, es), (comm, stream)) };
+    // Every call is timed, those on NCCL alone too: they are the controller's reference.
+    let timed = rank.time_call(user, index, split.uses_pcie(), &mut done);
+    let r = if split.uses_pcie() {
+        let pop = call.pcie_op(dtype, op, split.fast, split.pcie);
+        // SAFETY: the buffers are the application's, sized as the collective implies.
+        if let Err(e) = unsafe { rank.enqueue(&pop, user, timed) } {
+            log_once(&format!("PCIe part failed, call done by NCCL alone: {e}"));
+            // The half-recorded timing is dropped when its slot is collected.
+            return full();
+        }
+        // SAFETY: as above.
+        unsafe { call.fast(real, rank, &st, (split.fast, es), (comm, stream)) }
+    } else {
+        full()
+    };
     if let Some(t) = timed {
         let _ = rank.time_fast_end(t, user);
         // Bytes each path moves: its elements per block times the blocks the call moves.
@@ -443,6 +459,9 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
             .insert(index, (key, moved(split.fast), moved(split.pcie)));
     }
     absorb(p, st.rank, &done);
+    if !split.uses_pcie() {
+        return r;
+    }
     if guard::in_group() {
         guard::defer(Deferred::Join(comm, stream));
     } else if let Pcie::Ready { rank, .. } = &p.pcie
@@ -468,7 +487,7 @@ fn prior(key: &OpKey, nranks: usize, initial: ParamValue) -> ParamValue {
     }
 }
 
-/// Feeds the timings of completed split calls to the parameter store (rank 0 then folds every
+/// Feeds the timings of completed calls to the parameter store (rank 0 then folds every
 /// rank's measurements into the table) and to the report.
 pub fn collect(p: &mut Paths, rank: usize) {
     let mut done = Vec::new();

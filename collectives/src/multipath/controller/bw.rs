@@ -11,12 +11,19 @@
 //! The optimum `alpha* = (lat_p - lat_f + S cost_p) / (S (cost_f + cost_p))` equalises the
 //! finish times (a fixed point of the iteration even while `lat` is unknown). Hysteresis: alpha
 //! moves only by more than [`DEADBAND`]; the PCIe path is turned off when the predicted gain
-//! over fast-only falls under [`OFF_GAIN`] and on only above [`ON_GAIN`]. While off, every
-//! [`PROBE_PERIOD`] calls (doubling per consecutive failure up to [`MAX_PROBE_PERIOD`]) one call
+//! over fast-only falls under [`OFF_GAIN`] by more than twice its standard error, and on only
+//! above [`ON_GAIN`]. While off, every [`PROBE_PERIOD`] calls (doubling per consecutive failure
+//! or unsuccessful probe, up to [`MAX_PROBE_PERIOD`]) one call
 //! sends a small share ([`PROBE_SHARE`], less if the model predicts the PCIe part would then
 //! take over half the fast part's time) over PCIe — every [`MAX_PROBE_PERIOD`] calls when even
 //! the smallest probe is predicted to outlast a fast-only call; a probe faster than predicted turns the path
 //! back on and the next samples refine the split.
+//!
+//! The gain is judged against a *reference*: every [`REFERENCE_EVERY`]th call of a key runs on
+//! the fast path alone ([`Controller::reference_every`]), and those calls feed a third model.
+//! The fast path's samples from split calls cannot stand in for it: while the PCIe path copies,
+//! the fast path runs slower (on 2×H200, NCCL's part of a split allreduce takes ~5 % longer than
+//! the same bytes alone), and a model fitted to them would promise gains that are not there.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -46,6 +53,8 @@ pub const PROBE_SHARE: f64 = 0.02;
 const MIN_PROBE_SHARE: f64 = 0.002;
 /// Alpha of a key's first call.
 pub const INITIAL_ALPHA: f64 = 0.9;
+/// Every how many calls of a key one is a fast-only reference.
+pub const REFERENCE_EVERY: u32 = 32;
 
 /// One path's samples and fitted model.
 #[derive(Debug, Default)]
@@ -64,6 +73,26 @@ impl Path {
 
     fn predict(&self, bytes: f64) -> f64 {
         self.lat + self.cost * bytes
+    }
+
+    /// The shortest time in the window (µs; infinite without samples).
+    fn fastest(&self) -> f64 {
+        self.samples.iter().map(|s| s.1).fold(f64::INFINITY, f64::min)
+    }
+
+    /// Standard error of the model's prediction relative to it, from the window's residuals
+    /// (0 with fewer than two samples).
+    fn rel_stderr(&self) -> f64 {
+        let n = self.samples.len() as f64;
+        if n < 2.0 {
+            return 0.0;
+        }
+        let ss: f64 = self
+            .samples
+            .iter()
+            .map(|&(b, t)| (t / self.predict(b) - 1.0).powi(2))
+            .sum();
+        (ss / (n - 1.0) / n).sqrt()
     }
 
     /// Adds a sample; `trusted` (a probe) restarts the window on a single deviating sample.
@@ -132,11 +161,16 @@ enum Mode {
 
 #[derive(Debug)]
 struct KeyState {
+    /// The fast path's part of split calls.
     fast: Path,
     pcie: Path,
+    /// The fast path alone (reference calls and fast-only calls).
+    solo: Path,
     mode: Mode,
     /// Consecutive PCIe failures.
     fails: u32,
+    /// Consecutive probes that did not turn the path back on.
+    misses: u32,
 }
 
 /// Model-based controller.
@@ -151,11 +185,38 @@ impl Bw {
     }
 }
 
+impl KeyState {
+    /// Whether the reference model has enough samples (two) to judge splits by.
+    fn has_reference(&self) -> bool {
+        self.solo.samples.len() >= 2
+    }
+
+    /// Predicted µs of a fast-only call of `s` bytes: the reference model once it has samples.
+    fn fast_only(&self, s: f64) -> f64 {
+        if self.has_reference() {
+            self.solo.predict(s)
+        } else {
+            self.fast.predict(s)
+        }
+    }
+
+    /// Uncertainty of a predicted gain (relative): the standard errors of the two models it
+    /// compares.
+    fn gain_stderr(&self) -> f64 {
+        if self.has_reference() {
+            self.solo.rel_stderr() + self.fast.rel_stderr()
+        } else {
+            0.0
+        }
+    }
+}
+
 /// Best alpha and the predicted relative gain of splitting over fast-only, for `s` bytes.
-fn optimum(fast: &Path, pcie: &Path, s: f64) -> (f64, f64) {
+fn optimum(st: &KeyState, s: f64) -> (f64, f64) {
+    let (fast, pcie) = (&st.fast, &st.pcie);
     let alpha =
         ((pcie.lat - fast.lat + s * pcie.cost) / (s * (fast.cost + pcie.cost))).clamp(0.0, 1.0);
-    let t_fast_only = fast.predict(s);
+    let t_fast_only = st.fast_only(s);
     let t_split = fast.predict(alpha * s).max(pcie.predict((1.0 - alpha) * s));
     let gain = if alpha < 1.0 {
         (t_fast_only - t_split) / t_fast_only
@@ -169,7 +230,7 @@ fn probe_share(st: &KeyState, s: f64) -> f64 {
     if !(st.pcie.known() && st.fast.known()) {
         return PROBE_SHARE;
     }
-    let budget = 0.5 * st.fast.predict(s) - st.pcie.lat;
+    let budget = 0.5 * st.fast_only(s) - st.pcie.lat;
     (budget / (st.pcie.cost * s)).clamp(MIN_PROBE_SHARE, PROBE_SHARE)
 }
 
@@ -182,27 +243,39 @@ impl Controller for Bw {
         ParamValue::split(INITIAL_ALPHA)
     }
 
+    fn reference_every(&self) -> u32 {
+        REFERENCE_EVERY
+    }
+
     fn update(&mut self, key: &OpKey, current: &ParamValue, stat: &ExecStat) -> ParamValue {
         let st = self.keys.entry(*key).or_insert_with(|| KeyState {
             fast: Path::default(),
             pcie: Path::default(),
+            solo: Path::default(),
             mode: Mode::On,
             fails: 0,
+            misses: 0,
         });
         let next = observe_bw(current, stat);
         let s = stat.total_bytes() as f64;
         if s == 0.0 {
             return next;
         }
-        st.fast.observe(stat.fast_bytes, stat.fast_time_us, false);
-        // Even the smallest probe would outlast a fast-only call: probe rarely.
+        if stat.pcie_bytes == 0 {
+            st.solo.observe(stat.fast_bytes, stat.fast_time_us, false);
+        } else if stat.success {
+            st.fast.observe(stat.fast_bytes, stat.fast_time_us, false);
+        }
+        // Even the smallest probe would outlast a fast-only call (by the model, or because no
+        // PCIe part in the window, however small, was quicker than one): probe rarely.
+        let t_ref = st.fast_only(s);
         let hopeless = st.pcie.known()
             && st.fast.known()
-            && st.pcie.predict(MIN_PROBE_SHARE * s) >= st.fast.predict(s);
+            && (st.pcie.predict(MIN_PROBE_SHARE * s) >= t_ref || st.pcie.fastest() >= t_ref);
         let period = if hopeless {
             MAX_PROBE_PERIOD
         } else {
-            (PROBE_PERIOD << st.fails.min(3)).min(MAX_PROBE_PERIOD)
+            (PROBE_PERIOD << (st.fails + st.misses).min(3)).min(MAX_PROBE_PERIOD)
         };
         if stat.pcie_bytes == 0 {
             return match st.mode {
@@ -240,12 +313,23 @@ impl Controller for Bw {
         if probing {
             st.fails = 0;
         }
-        let (alpha, gain) = optimum(&st.fast, &st.pcie, s);
-        let threshold = if probing { ON_GAIN } else { OFF_GAIN };
-        if alpha >= 1.0 - MIN_PROBE_SHARE || (gain < threshold && !improved) {
+        let (alpha, gain) = optimum(st, s);
+        // Off only when the models say so beyond their noise (two standard errors); on again
+        // only when a probe promises a clear gain.
+        let doubt = 2.0 * st.gain_stderr();
+        let loses = if probing {
+            gain < ON_GAIN
+        } else {
+            gain + doubt < OFF_GAIN
+        };
+        if alpha >= 1.0 - MIN_PROBE_SHARE || (loses && !improved) {
+            if probing {
+                st.misses += 1;
+            }
             st.mode = Mode::Off(0);
             return next.with_alpha(1.0);
         }
+        st.misses = 0;
         st.mode = Mode::On;
         let cur = f64::from(current.alpha);
         if current.use_pcie && !probing && (alpha - cur).abs() < DEADBAND {

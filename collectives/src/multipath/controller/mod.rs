@@ -19,7 +19,8 @@
 //!
 //! Scenarios of `sim::tests`: `64M` (fast 300 GB/s + 20 µs, PCIe 50 GB/s + 30 µs, optimal
 //! alpha 0.864), `8M` (250 + 20 / 45 + 25, latency-heavy), `equal` (two 50 GB/s paths, 0.5).
-//! *converge*: calls until alpha stays within 3 % of the optimum (noise-free, 300 calls);
+//! *converge*: calls until the table's alpha stays within 3 % of the optimum (noise-free, 300
+//! calls; with `bw`, every 32nd call — every 4th of the first 32 — is a fast-only reference);
 //! *noise*: worst relative alpha error over calls 30..300 under ±10 % noise (5 seeds);
 //! *degrade*: calls until fast-only (alpha >= 0.999) after the PCIe bandwidth drops 20× in
 //! `64M` (in brackets: until alpha >= 0.99, the degraded optimum being 0.992); *recover*:
@@ -28,7 +29,7 @@
 //!
 //! | controller | converge 64M / 8M / equal | noise 64M / 8M / equal | degrade | recover | fail / back |
 //! |---|---|---|---|---|---|
-//! | `bw` | 1 / 1 / 3 | 0.7 % / 0.8 % / 2.8 % | 2 (2) | 5 | 1 / 58 |
+//! | `bw` | 2 / 2 / 4 | 0.8 % / 0.8 % / 2.9 % | 2 (2) | 11 | 1 / 58 |
 //! | `tcp` | 3 / 4 / never | 4.3 % / 5.7 % / 22.4 % | never (17) | 25 | 5 / 26 |
 //! | `dcqcn` | 23 / 22 / never | 4.6 % / 5.9 % / 17.9 % | never (11) | 12 | 5 / 28 |
 //!
@@ -93,6 +94,22 @@ pub trait Controller: Send {
     fn initial(&self, key: &OpKey) -> ParamValue;
     /// Next parameters for `key`, given the ones the measured call used and its timing.
     fn update(&mut self, key: &OpKey, current: &ParamValue, stat: &ExecStat) -> ParamValue;
+    /// Every how many calls of a key one runs on the fast path alone, whatever the table says,
+    /// as the *reference* a split is judged against (0: never). While the PCIe path copies,
+    /// the fast path runs slower (they share the GPU's memory system and the host), so the
+    /// fast path's time in split calls says nothing about a call without a PCIe part.
+    fn reference_every(&self) -> u32 {
+        0
+    }
+}
+
+/// Whether the `nth` call of a key (counted from 0, the same on every rank) is a reference
+/// call of a controller whose [`Controller::reference_every`] is `every`: every fourth call
+/// while the key is new (its first `every` calls, so the reference averages out noise early),
+/// then every `every`th.
+pub fn is_reference(every: u32, nth: u64) -> bool {
+    let every = u64::from(every);
+    every > 0 && (nth % every == 0 || (nth < every && nth % 4 == 0))
 }
 
 /// Name of the default controller.

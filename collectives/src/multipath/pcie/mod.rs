@@ -279,17 +279,19 @@ impl PcieRank {
         Ok(())
     }
 
-    /// Starts timing a split call tagged `tag` on `user` (before anything of the call is
-    /// enqueued); completed timings of earlier calls found on the way go to `done`. `None`
-    /// when no timing slot is free (the call then runs untimed).
+    /// Starts timing a call tagged `tag` on `user` (before anything of the call is enqueued;
+    /// `split`: the call has a PCIe part, enqueued with the returned [`Timed`]); completed
+    /// timings of earlier calls found on the way go to `done`. `None` when no timing slot is
+    /// free (the call then runs untimed).
     pub fn time_call(
         &mut self,
         user: StreamRef,
         tag: u64,
+        split: bool,
         done: &mut Vec<CallTiming>,
     ) -> Option<Timed> {
         let _ctx = self.device.enter().ok()?;
-        self.res.timing.begin(user, tag, done)
+        self.res.timing.begin(user, tag, split, done)
     }
 
     /// Marks the end of NCCL's part of a timed call on `user`.

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Why do calls below AMPCCL_MIN_MSG_SIZE (not split) run slower with the PCIe path on?
+# Compares, on N GPUs at 16 and 64 MiB: busbw per setting, NCCL's init/tuning log, and (when
+# nsys is installed) the NCCL kernels' durations and the gaps between them.
+#   benches/gpu/unsplit_diag.sh N            (OUT=dir for logs; default ./gpu-out)
+set -u
+N=${1:?number of GPUs}
+export OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+HERE=$(dirname "$0")
+LIB=$(realpath target/release/libampccl_preload.so)
+one() { # tag, env... : one 64 MiB allreduce bench run
+  local tag=$1; shift
+  timeout 120 env "$@" python -m torch.distributed.run --standalone --nproc_per_node="$N" \
+    "$HERE/collectives.py" --mode bench --out "$OUT/$tag" --ops allreduce \
+    --min-bytes 67108864 --max-bytes 67108864 --repeats 5 > "$OUT/$tag.log" 2>&1
+  echo "== $tag rc=$?"
+}
+# 1. NCCL's own view of the communicator, pass-through vs default.
+for s in off on; do
+  e=(LD_PRELOAD="$LIB" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING,ENV)
+  [ $s = off ] && e+=(AMPCCL_ENABLE=0)
+  one "dbg-$s" "${e[@]}"
+  grep -h "NCCL INFO" "$OUT/dbg-$s.log" | sed -E 's/^[^ ]+ +[^ ]+ +//; s/0x[0-9a-f]+/X/g; s/[0-9]+\.[0-9]+ ?(ms|s)//g' \
+    | sort | uniq -c > "$OUT/dbg-$s.txt"
+done
+echo "### NCCL log lines that differ (off < > on)"; diff "$OUT/dbg-off.txt" "$OUT/dbg-on.txt" | head -40
+# 2. Kernel durations and gaps, if nsys is here.
+if command -v nsys > /dev/null; then
+  for s in off on; do
+    e=(LD_PRELOAD="$LIB"); [ $s = off ] && e+=(AMPCCL_ENABLE=0)
+    timeout 200 env "${e[@]}" nsys profile -q -t cuda -o "$OUT/nsys-$s" -f true \
+      python -m torch.distributed.run --standalone --nproc_per_node="$N" "$HERE/collectives.py" \
+      --mode bench --out "$OUT/nsys-$s" --ops allreduce --min-bytes 67108864 --max-bytes 67108864 \
+      --repeats 5 > "$OUT/nsys-$s.log" 2>&1
+    echo "== nsys $s rc=$?"
+    nsys stats -q -r cuda_gpu_kern_sum -f csv "$OUT/nsys-$s.nsys-rep" 2>/dev/null | head -8 > "$OUT/kern-$s.csv"
+    python3 "$HERE/kernel_gaps.py" "$OUT/nsys-$s.sqlite" 2>&1 | tail -n 6
+    rm -f "$OUT/nsys-$s.nsys-rep" "$OUT/nsys-$s.sqlite"
+  done
+  echo "### kernel summary off"; cut -c1-200 "$OUT/kern-off.csv"
+  echo "### kernel summary on"; cut -c1-200 "$OUT/kern-on.csv"
+else
+  echo "nsys: not installed"
+fi
+# 3. busbw: pass-through, default, PCIe off, default again (16 and 64 MiB).
+BENCH_ARGS="--ops allreduce,allgather --min-bytes 16777216 --max-bytes 67108864 --factor 4 --repeats 9" \
+  bash "$HERE/sweep_env.sh" "$N" AMPCCL_ENABLE=0 AMPCCL_REPORT=1 AMPCCL_ENABLE_PCIE=0 AMPCCL_REPORT=1 \
+  > "$OUT/sweep.txt" 2>&1
+tail -n 8 "$OUT/sweep.txt"
+rm -f "$OUT"/*.rank*.json
