@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Why do calls below AMPCCL_MIN_MSG_SIZE (not split) run slower with the PCIe path on?
-# Compares, on N GPUs at 16 and 64 MiB: busbw per setting, NCCL's init/tuning log, and (when
-# nsys is installed) the NCCL kernels' durations and the gaps between them.
+# Do calls below AMPCCL_MIN_MSG_SIZE stay untouched? On N GPUs at 16 and 64 MiB: the calls
+# NCCL itself sees (its init/tuning log: a split call shows up as a smaller NCCL call) with the
+# preload passing through and with default settings, then busbw per setting.
 #   benches/gpu/unsplit_diag.sh N            (OUT=dir for logs; default ./gpu-out)
 set -u
 N=${1:?number of GPUs}
@@ -25,25 +25,7 @@ for s in off on; do
     | sort | uniq -c > "$OUT/dbg-$s.txt"
 done
 echo "### NCCL log lines that differ (off < > on)"; diff "$OUT/dbg-off.txt" "$OUT/dbg-on.txt" | head -40
-# 2. Kernel durations and gaps, if nsys is here.
-if command -v nsys > /dev/null; then
-  for s in off on; do
-    e=(LD_PRELOAD="$LIB"); [ $s = off ] && e+=(AMPCCL_ENABLE=0)
-    timeout 200 env "${e[@]}" nsys profile -q -t cuda -o "$OUT/nsys-$s" -f true \
-      python -m torch.distributed.run --standalone --nproc_per_node="$N" "$HERE/collectives.py" \
-      --mode bench --out "$OUT/nsys-$s" --ops allreduce --min-bytes 67108864 --max-bytes 67108864 \
-      --repeats 5 > "$OUT/nsys-$s.log" 2>&1
-    echo "== nsys $s rc=$?"
-    nsys stats -q -r cuda_gpu_kern_sum -f csv "$OUT/nsys-$s.nsys-rep" 2>/dev/null | head -8 > "$OUT/kern-$s.csv"
-    python3 "$HERE/kernel_gaps.py" "$OUT/nsys-$s.sqlite" 2>&1 | tail -n 6
-    rm -f "$OUT/nsys-$s.nsys-rep" "$OUT/nsys-$s.sqlite"
-  done
-  echo "### kernel summary off"; cut -c1-200 "$OUT/kern-off.csv"
-  echo "### kernel summary on"; cut -c1-200 "$OUT/kern-on.csv"
-else
-  echo "nsys: not installed"
-fi
-# 3. busbw: pass-through, default, PCIe off, default again (16 and 64 MiB).
+# 2. busbw: pass-through, default, PCIe off, default again (16 and 64 MiB).
 BENCH_ARGS="--ops allreduce,allgather --min-bytes 16777216 --max-bytes 67108864 --factor 4 --repeats 9" \
   bash "$HERE/sweep_env.sh" "$N" AMPCCL_ENABLE=0 AMPCCL_REPORT=1 AMPCCL_ENABLE_PCIE=0 AMPCCL_REPORT=1 \
   > "$OUT/sweep.txt" 2>&1

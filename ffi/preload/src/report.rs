@@ -16,11 +16,13 @@ struct Sum {
     wall: f64,
 }
 
+/// A row of the tally: the op key's sort key and whether the calls were split.
+type Row = ((MpOp, u8, i32), bool);
+
 /// Accumulated timings of one communicator, per collective, size bucket and data type.
 #[derive(Default)]
 pub struct Tally {
-    /// Keyed by the op key and whether the calls were split.
-    sums: BTreeMap<((MpOp, u8, i32), bool), (OpKey, Sum)>,
+    sums: BTreeMap<Row, (OpKey, Sum)>,
 }
 
 impl Tally {

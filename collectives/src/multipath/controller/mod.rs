@@ -109,7 +109,7 @@ pub trait Controller: Send {
 /// then every `every`th.
 pub fn is_reference(every: u32, nth: u64) -> bool {
     let every = u64::from(every);
-    every > 0 && (nth % every == 0 || (nth < every && nth % 4 == 0))
+    every > 0 && (nth.is_multiple_of(every) || (nth < every && nth.is_multiple_of(4)))
 }
 
 /// Name of the default controller.
