@@ -226,9 +226,11 @@ def bench(args, rank, world, dev):
             tt = torch.tensor([t], device=dev, dtype=torch.float64)
             dist.all_reduce(tt, op=dist.ReduceOp.MAX)
             t = float(tt)
-            rows.append({"op": op, "bytes": nbytes, "us": t, "algbw": nbytes / t / 1e3, "busbw": nbytes / t / 1e3 * bus})
+            rows.append({"op": op, "bytes": nbytes, "us": t, "algbw": nbytes / t / 1e3, "busbw": nbytes / t / 1e3 * bus,
+                         "repeats_us": times})
             if rank == 0:
-                print(f"{op:>14} {nbytes:>12} {t:>10.1f} us {rows[-1]['busbw']:>8.1f} GB/s", flush=True)
+                print(f"{op:>14} {nbytes:>12} {t:>10.1f} us {rows[-1]['busbw']:>8.1f} GB/s"
+                      f"  (repeats {times[0]:.1f}-{times[-1]:.1f} us, {iters} calls each)", flush=True)
     if rank == 0:
         with open(args.out + ".json", "w") as f:
             json.dump({"world": world, "preload": "ampccl" in os.environ.get("LD_PRELOAD", ""),

@@ -39,13 +39,13 @@ def bench(files):
     base = {(r["op"], r["bytes"]): r for r in runs[0]["rows"]}
     head = f"{'op':>13} {'bytes':>11} | {'NCCL busbw':>10}"
     for run in runs[1:]:
-        head += f" | {str(run.get('alpha'))[:9]:>9} {'ratio':>6}"
+        head += f" | {str(run.get('alpha')).replace('ALPHA=', 'a=')[:10]:>10} {'ratio':>5}"
     print(head)
     for key, r0 in base.items():
         line = f"{key[0]:>13} {key[1]:>11} | {r0['busbw']:>10.1f}"
         for run in runs[1:]:
             r = next((x for x in run["rows"] if (x["op"], x["bytes"]) == key), None)
-            line += f" | {r['busbw']:>9.1f} {r['busbw'] / r0['busbw']:>6.3f}" if r else " |" + " " * 17
+            line += f" | {r['busbw']:>10.1f} {r['busbw'] / r0['busbw']:>5.3f}" if r else " |" + " " * 17
         print(line)
     return 0
 
