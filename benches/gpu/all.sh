@@ -25,5 +25,7 @@ cat "$OUT/ceiling.txt"
 tail -n 14 "$OUT/bench-summary.txt"
 grep "calls 1-10" "$OUT/converge.log"
 grep -A 8 "multipath: controller" "$OUT/converge.log" | head -n 8
-# Keep what comes back small: summaries, the convergence CSV and plot, the logs of failures.
+# Keep what comes back small: the summaries, the convergence CSV and plot, and one archive of
+# every log (the device tool returns a limited number of files).
 rm -f "$OUT"/*.rank*.json "$OUT"/s[0-9]*.json "$OUT"/nccl.json "$OUT"/converge.json
+(cd "$OUT" && tar czf logs.tgz ./*.log ./*.txt && rm -f ./*.log ./check-nccl* ./check-preload*)

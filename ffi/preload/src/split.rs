@@ -18,9 +18,9 @@ use ampccl_runtime::cuda::StreamRef;
 
 use crate::config::settings;
 use ampccl::multipath::controller::{ExecStat, is_reference};
-use ampccl::multipath::planner::Split;
 use ampccl::multipath::key::{MpOp, OpKey};
 use ampccl::multipath::param::ParamValue;
+use ampccl::multipath::planner::Split;
 use ampccl::multipath::store::Decision;
 
 use crate::domain::{self, CommState, Paths, Pcie};
@@ -92,37 +92,41 @@ impl Call {
                 } => (real.reduce_scatter)(send, recv, count, dt, op, comm, stream),
                 Call::AllReduce { count, .. }
                 | Call::Broadcast { count, .. }
-                | Call::Reduce { count, .. } => self.prefix(real, count, comm, stream),
+                | Call::Reduce { count, .. } => self.span(real, (0, count), comm, stream),
             }
         })
     }
 
-    /// The call on the first `n` elements of its buffers, for the collectives whose rank block
-    /// is the whole buffer (allreduce, broadcast, reduce); the blocked ones (allgather,
-    /// reduce-scatter) have no such prefix and answer `ncclInternalError`.
+    /// The call on `n` elements of its buffers from byte `off` on, for the collectives whose
+    /// rank block is the whole buffer (allreduce, broadcast, reduce); the blocked ones
+    /// (allgather, reduce-scatter) have no such span and answer `ncclInternalError`.
     ///
     /// # Safety
-    /// The application's buffers, at least `n` elements long.
-    unsafe fn prefix(
+    /// The application's buffers, at least `off` bytes plus `n` elements long.
+    unsafe fn span(
         &self,
         real: &Real,
-        n: usize,
+        (off, n): (usize, usize),
         comm: nccl::Comm,
         stream: nccl::Stream,
     ) -> NcclResult {
-        // SAFETY: the application's arguments with a count no larger than its own.
+        // Offsets wrap instead of asserting an allocation: NCCL ignores the buffers a rank does
+        // not use (a non-root's receive buffer of a reduce, which may be null).
+        let send_at = |p: *const c_void| p.cast::<u8>().wrapping_add(off).cast::<c_void>();
+        let recv_at = |p: *mut c_void| p.cast::<u8>().wrapping_add(off).cast::<c_void>();
+        // SAFETY: the application's arguments, narrowed to a span inside its buffers.
         unsafe {
             match *self {
                 Call::AllReduce {
                     send, recv, dt, op, ..
-                } => (real.all_reduce)(send, recv, n, dt, op, comm, stream),
+                } => (real.all_reduce)(send_at(send), recv_at(recv), n, dt, op, comm, stream),
                 Call::Broadcast {
                     send,
                     recv,
                     dt,
                     root,
                     ..
-                } => (real.broadcast)(send, recv, n, dt, root, comm, stream),
+                } => (real.broadcast)(send_at(send), recv_at(recv), n, dt, root, comm, stream),
                 Call::Reduce {
                     send,
                     recv,
@@ -130,7 +134,7 @@ impl Call {
                     op,
                     root,
                     ..
-                } => (real.reduce)(send, recv, n, dt, op, root, comm, stream),
+                } => (real.reduce)(send_at(send), recv_at(recv), n, dt, op, root, comm, stream),
                 Call::AllGather { .. } | Call::ReduceScatter { .. } => nccl::INTERNAL_ERROR,
             }
         }
@@ -238,24 +242,26 @@ impl Call {
         }
     }
 
-    /// NCCL's part: the first `fast` elements of every block.
+    /// The call on elements `start..start + len` of every block, through NCCL: NCCL's part of
+    /// a split call (`start` 0), or the PCIe part when it could not be enqueued.
     ///
     /// # Safety
-    /// The application's buffers, as NCCL was given them.
-    unsafe fn fast(
+    /// The application's buffers, as NCCL was given them; the span lies inside every block.
+    unsafe fn part(
         &self,
         real: &Real,
         rank: &PcieRank,
         st: &CommState,
-        (fast, es): (usize, usize),
+        (start, len, es): (usize, usize, usize),
         (comm, stream): (nccl::Comm, nccl::Stream),
     ) -> NcclResult {
         let n = st.nranks;
-        // SAFETY: the prefixes lie inside the application's buffers.
+        let off = start * es;
+        // SAFETY: the spans lie inside the application's buffers.
         call_real(|| unsafe {
             match *self {
                 Call::AllReduce { .. } | Call::Broadcast { .. } | Call::Reduce { .. } => {
-                    self.prefix(real, fast, comm, stream)
+                    self.span(real, (off, len), comm, stream)
                 }
                 Call::AllGather {
                     send,
@@ -263,12 +269,13 @@ impl Call {
                     count,
                     dt,
                 } => {
-                    let block = |p: usize| recv.cast::<u8>().add(p * count * es);
+                    let block = |p: usize| recv.cast::<u8>().add(p * count * es + off);
+                    let mine = send.cast::<u8>().add(off).cast::<c_void>();
                     let own = rank.copy_on(
                         StreamRef::from_raw(stream),
                         block(st.rank) as u64,
-                        send as u64,
-                        fast * es,
+                        mine as u64,
+                        len * es,
                     );
                     if let Err(e) = own {
                         tracing::error!("ampccl: allgather local copy: {e}");
@@ -276,10 +283,10 @@ impl Call {
                     }
                     grouped(real, |first_error| {
                         for p in (0..n).filter(|&p| p != st.rank) {
-                            first_error((real.send)(send, fast, dt, p as c_int, comm, stream));
+                            first_error((real.send)(mine, len, dt, p as c_int, comm, stream));
                             first_error((real.recv)(
                                 block(p).cast(),
-                                fast,
+                                len,
                                 dt,
                                 p as c_int,
                                 comm,
@@ -295,10 +302,11 @@ impl Call {
                     dt,
                     op,
                 } => grouped(real, |first_error| {
+                    let dst = recv.cast::<u8>().add(off).cast::<c_void>();
                     for r in 0..n {
-                        let src = send.cast::<u8>().add(r * count * es).cast::<c_void>();
+                        let src = send.cast::<u8>().add(r * count * es + off).cast::<c_void>();
                         first_error((real.reduce)(
-                            src, recv, fast, dt, op, r as c_int, comm, stream,
+                            src, dst, len, dt, op, r as c_int, comm, stream,
                         ));
                     }
                 }),
@@ -439,14 +447,33 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
     let timed = rank.time_call(user, index, split.uses_pcie(), &mut done);
     let r = if split.uses_pcie() {
         let pop = call.pcie_op(dtype, op, split.fast, split.pcie);
+        let forked = match rank.fork(&pop, user, timed) {
+            Ok(f) => f,
+            Err(e) => {
+                log_once(&format!("PCIe part failed, call done by NCCL alone: {e}"));
+                // The half-recorded timing is dropped when its slot is collected.
+                return full();
+            }
+        };
+        // NCCL's part first, so that its kernels run while the host enqueues the pipeline.
         // SAFETY: the buffers are the application's, sized as the collective implies.
-        if let Err(e) = unsafe { rank.enqueue(&pop, user, timed) } {
-            log_once(&format!("PCIe part failed, call done by NCCL alone: {e}"));
-            // The half-recorded timing is dropped when its slot is collected.
-            return full();
-        }
+        let r = unsafe { call.part(real, rank, &st, (0, split.fast, es), (comm, stream)) };
         // SAFETY: as above.
-        unsafe { call.fast(real, rank, &st, (split.fast, es), (comm, stream)) }
+        if let Err(e) = unsafe { rank.enqueue(&pop, forked) } {
+            log_once(&format!("PCIe part failed, done by NCCL: {e}"));
+            // SAFETY: as above.
+            let rest = unsafe {
+                call.part(
+                    real,
+                    rank,
+                    &st,
+                    (split.fast, split.pcie, es),
+                    (comm, stream),
+                )
+            };
+            return if r == nccl::SUCCESS { rest } else { r };
+        }
+        r
     } else {
         full()
     };

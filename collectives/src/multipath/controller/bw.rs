@@ -77,7 +77,10 @@ impl Path {
 
     /// The shortest time in the window (µs; infinite without samples).
     fn fastest(&self) -> f64 {
-        self.samples.iter().map(|s| s.1).fold(f64::INFINITY, f64::min)
+        self.samples
+            .iter()
+            .map(|s| s.1)
+            .fold(f64::INFINITY, f64::min)
     }
 
     /// Standard error of the model's prediction relative to it, from the window's residuals

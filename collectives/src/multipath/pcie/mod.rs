@@ -221,18 +221,12 @@ impl PcieRank {
         user.is_capturing()
     }
 
-    /// Enqueues the PCIe part `op` of a call whose inputs are ready at the current end of
-    /// `user`. [`PcieRank::join`] must follow (at once, or after `ncclGroupEnd`).
-    ///
-    /// # Safety
-    /// The buffers named by `op` must be device memory of the sizes the collective implies,
-    /// valid until the user's stream passes the join.
-    pub unsafe fn enqueue(
-        &mut self,
-        op: &PcieOp,
-        user: StreamRef,
-        timed: Option<Timed>,
-    ) -> Result<()> {
+    /// Starts the PCIe part `op` of a call whose inputs are ready at the current end of
+    /// `user`: checks `op`, then makes the side streams wait for `user`'s current end. NCCL's
+    /// part goes on `user` after this (so the side streams do not wait for it), and
+    /// [`PcieRank::enqueue`] follows with the returned [`Forked`] — NCCL's kernels start while
+    /// the host still enqueues the PCIe pipeline. No pipeline work is enqueued when this fails.
+    pub fn fork(&mut self, op: &PcieOp, user: StreamRef, timed: Option<Timed>) -> Result<Forked> {
         if let PcieKind::Broadcast { root } | PcieKind::Reduce { root } = op.kind
             && root >= self.nranks
         {
@@ -241,17 +235,29 @@ impl PcieRank {
                 self.nranks
             )));
         }
-        let _ctx = self.device.enter()?;
         let plan = ChunkPlan::new(op, self.nranks, self.area.layout.slot_bytes)?;
-        let first = self.next_chunk;
-        // Advance first: whatever happens below, this rank's chunk numbering stays the peers'.
-        self.next_chunk += plan.chunks as u64;
+        let _ctx = self.device.enter()?;
         user.record(&self.res.before)?;
         self.res.send.handle().wait_event(&self.res.before)?;
         self.res.recv.handle().wait_event(&self.res.before)?;
         if let Some(t) = timed {
             self.res.timing.pcie_start(t, self.res.send.handle())?;
         }
+        Ok(Forked { plan, timed })
+    }
+
+    /// Enqueues the pipeline of the PCIe part `op` that [`PcieRank::fork`] started.
+    /// [`PcieRank::join`] must follow (at once, or after `ncclGroupEnd`).
+    ///
+    /// # Safety
+    /// The buffers named by `op` must be device memory of the sizes the collective implies,
+    /// valid until the user's stream passes the join.
+    pub unsafe fn enqueue(&mut self, op: &PcieOp, forked: Forked) -> Result<()> {
+        let Forked { plan, timed } = forked;
+        let _ctx = self.device.enter()?;
+        let first = self.next_chunk;
+        // Advance first: whatever happens below, this rank's chunk numbering stays the peers'.
+        self.next_chunk += plan.chunks as u64;
         let algo = algorithm(op.kind);
         for c in 0..plan.chunks {
             let g = first + c as u64;
@@ -316,6 +322,13 @@ impl PcieRank {
         user.wait_event(&self.res.send_done)?;
         user.wait_event(&self.res.recv_done)
     }
+}
+
+/// A PCIe part whose side streams are forked off the user's stream, ready to be enqueued.
+#[must_use = "a forked PCIe part must be enqueued: the peers wait for its chunks"]
+pub struct Forked {
+    plan: ChunkPlan,
+    timed: Option<Timed>,
 }
 
 /// How an operation is cut into pipeline chunks.

@@ -289,7 +289,10 @@ fn bw_accounts_for_interference() {
             let a = drive(&mut *ctrl, &mut sim, total, 300, |_, _| {});
             let runs = ran(&a, ctrl.reference_every());
             let mean = |from: usize| {
-                runs[from..].iter().map(|&x| sim.time_at(total, x)).sum::<f64>()
+                runs[from..]
+                    .iter()
+                    .map(|&x| sim.time_at(total, x))
+                    .sum::<f64>()
                     / (runs.len() - from) as f64
             };
             let (alone, best) = (sim.time_at(total, 1.0), sim.time_at(total, opt));
@@ -302,7 +305,10 @@ fn bw_accounts_for_interference() {
             assert!(mean(0) <= alone * 1.02, "{case}");
             // Where splitting clearly loses, the path goes off within the first 10 calls.
             if best > 1.05 * alone || sim.time_at(total, 0.99) > 1.05 * alone {
-                assert!(first(&a, 0, |x| x >= 0.999).is_some_and(|n| n <= 10), "{case}");
+                assert!(
+                    first(&a, 0, |x| x >= 0.999).is_some_and(|n| n <= 10),
+                    "{case}"
+                );
             }
         }
     }
