@@ -20,7 +20,7 @@ LD_PRELOAD=$LIB AMPCCL_LOG=ampccl::split=debug AMPCCL_REPORT=1 timeout 240 \
   python -m torch.distributed.run --standalone --nproc_per_node="$N" "$HERE/collectives.py" \
   --mode converge --calls 100 --out "$OUT/converge" > "$OUT/converge.log" 2>&1
 python "$HERE/plot_converge.py" "$OUT/converge.json" "$OUT/converge.log" "$OUT/converge$N" > /dev/null 2>&1
-grep -v "^==" "$OUT/check-summary.txt" | tail -n 1
+grep "^check:" "$OUT/check-summary.txt"
 cat "$OUT/ceiling.txt"
 tail -n 14 "$OUT/bench-summary.txt"
 grep "calls 1-10" "$OUT/converge.log"
