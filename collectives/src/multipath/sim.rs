@@ -38,6 +38,9 @@ pub struct TwoPath {
     /// Relative slowdown of the fast path while the PCIe path runs alongside (0.05: 5 %
     /// slower when the PCIe part lasts as long as the fast part).
     pub interference: f64,
+    /// Relative extra time of a PCIe part that finishes after the fast part (on GPUs the
+    /// ranks' next calls then start skewed).
+    pub pcie_bound_penalty: f64,
     /// Split alignment in bytes (the planner's).
     pub align: u64,
     rng: u64,
@@ -51,6 +54,7 @@ impl TwoPath {
             noise: 0.0,
             pcie_fails: false,
             interference: 0.0,
+            pcie_bound_penalty: 0.0,
             align: 4096,
             rng: seed,
         }
@@ -85,8 +89,8 @@ impl TwoPath {
     pub fn run(&mut self, total: u64, p: &ParamValue) -> ExecStat {
         let fast_bytes = self.fast_bytes(total, p);
         let pcie_bytes = total - fast_bytes;
-        let pcie_us = self.pcie.time_us(pcie_bytes);
-        let fast_time_us = self.noisy(self.fast_time(fast_bytes, pcie_us));
+        let (fast_us, pcie_us) = self.times(fast_bytes, pcie_bytes);
+        let fast_time_us = self.noisy(fast_us);
         let pcie_time_us = self.noisy(pcie_us);
         ExecStat {
             fast_time_us,
@@ -123,11 +127,22 @@ impl TwoPath {
             })
     }
 
+    /// Noise-free µs of the two parts of a call.
+    fn times(&self, fast_bytes: u64, pcie_bytes: u64) -> (f64, f64) {
+        let pcie = self.pcie.time_us(pcie_bytes);
+        let fast = self.fast_time(fast_bytes, pcie);
+        if pcie > fast {
+            (fast, pcie * (1.0 + self.pcie_bound_penalty))
+        } else {
+            (fast, pcie)
+        }
+    }
+
     /// Noise-free time of a call with fast-path fraction `alpha`.
     pub fn time_at(&self, total: u64, alpha: f64) -> f64 {
         let f = ((alpha * total as f64) as u64).min(total);
-        let pcie = self.pcie.time_us(total - f);
-        self.fast_time(f, pcie).max(pcie)
+        let (fast, pcie) = self.times(f, total - f);
+        fast.max(pcie)
     }
 }
 

@@ -19,6 +19,9 @@
 //! the smallest probe is predicted to outlast a fast-only call; a probe faster than predicted turns the path
 //! back on and the next samples refine the split.
 //!
+//! The model's split is then refined by measured call times ([`super::search`]): a few splits
+//! next to it are tried and the fastest is kept.
+//!
 //! The gain is judged against a *reference*: every [`REFERENCE_EVERY`]th call of a key runs on
 //! the fast path alone ([`Controller::reference_every`]), and those calls feed a third model.
 //! The fast path's samples from split calls cannot stand in for it: while the PCIe path copies,
@@ -27,6 +30,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use super::search::LocalSearch;
 use super::{Controller, ExecStat, observe_bw};
 use crate::multipath::key::OpKey;
 use crate::multipath::param::ParamValue;
@@ -174,6 +178,8 @@ struct KeyState {
     fails: u32,
     /// Consecutive probes that did not turn the path back on.
     misses: u32,
+    /// Refines the model's split by measured call times.
+    search: LocalSearch,
 }
 
 /// Model-based controller.
@@ -258,6 +264,7 @@ impl Controller for Bw {
             mode: Mode::On,
             fails: 0,
             misses: 0,
+            search: LocalSearch::default(),
         });
         let next = observe_bw(current, stat);
         let s = stat.total_bytes() as f64;
@@ -305,8 +312,14 @@ impl Controller for Bw {
         if !stat.success {
             st.fails += 1;
             st.mode = Mode::Off(0);
+            st.search.reset();
             return next.with_alpha(1.0);
         }
+        st.search.observe(
+            stat.fast_bytes as f64 / s,
+            s,
+            stat.fast_time_us.max(stat.pcie_time_us),
+        );
         let probing = st.mode != Mode::On;
         // A probe clearly faster than the model predicted: the path recovered.
         let improved = probing
@@ -330,10 +343,16 @@ impl Controller for Bw {
                 st.misses += 1;
             }
             st.mode = Mode::Off(0);
+            st.search.reset();
             return next.with_alpha(1.0);
         }
         st.misses = 0;
         st.mode = Mode::On;
+        let alpha = if probing {
+            alpha
+        } else {
+            st.search.choose(alpha)
+        };
         let cur = f64::from(current.alpha);
         if current.use_pcie && !probing && (alpha - cur).abs() < DEADBAND {
             next

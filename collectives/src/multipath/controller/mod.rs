@@ -41,6 +41,7 @@
 
 pub mod bw;
 pub mod dcqcn;
+pub mod search;
 pub mod static_;
 pub mod tcp;
 

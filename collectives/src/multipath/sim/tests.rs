@@ -258,8 +258,9 @@ fn bw_leaves_a_path_that_does_not_pay() {
 /// The fast path slows while the PCIe path copies (interference): `bw` judges splits against
 /// the reference calls, so where splitting still pays it finds the interference-aware optimum,
 /// and where the slowdown eats the gain it goes fast-only (or, within the noise, splits at no
-/// cost) — on average never slower than the fast path alone, and within 1 % of the best
-/// split's time, reference calls and probes included.
+/// cost) — on average never slower than the fast path alone, and within 1.5 % of the best
+/// split's time, reference calls (1 in 32 on the fast path alone), probes and the local
+/// search's trials included.
 #[test]
 fn bw_accounts_for_interference() {
     let fast = SimPath {
@@ -301,7 +302,7 @@ fn bw_accounts_for_interference() {
                  {opt:.3} ({best:.0} us, alone {alone:.0} us), alphas {a:?}"
             );
             assert!(mean(30) <= alone * 1.005, "{case}");
-            assert!(mean(30) <= best * 1.01, "{case}");
+            assert!(mean(30) <= best * 1.015, "{} {case}", mean(30) / best);
             assert!(mean(0) <= alone * 1.02, "{case}");
             // Where splitting clearly loses, the path goes off within the first 10 calls.
             if best > 1.05 * alone || sim.time_at(total, 0.99) > 1.05 * alone {
@@ -311,6 +312,43 @@ fn bw_accounts_for_interference() {
                 );
             }
         }
+    }
+}
+
+/// A PCIe part that finishes last costs extra (on GPUs the ranks' next calls then start
+/// skewed), so the best split leaves the PCIe path some slack instead of equal finish times.
+/// The controller (model and local search together) stays within 2 % of the best split.
+#[test]
+fn bw_leaves_the_pcie_path_slack_when_finishing_last_costs() {
+    let fast = SimPath {
+        bw_gbps: 300.0,
+        lat_us: 20.0,
+    };
+    let pcie = SimPath {
+        bw_gbps: 35.0,
+        lat_us: 30.0,
+    };
+    let total = 256 * MIB;
+    for seed in 1..=3 {
+        let mut sim = TwoPath::new(fast, pcie, seed);
+        sim.interference = 0.05;
+        sim.pcie_bound_penalty = 0.08;
+        sim.noise = 0.01;
+        let opt = sim.optimal_alpha(total);
+        let mut ctrl = by_name("bw").expect("bw");
+        let a = drive(&mut *ctrl, &mut sim, total, 300, |_, _| {});
+        let runs = ran(&a, ctrl.reference_every());
+        let mean = runs[50..]
+            .iter()
+            .map(|&x| sim.time_at(total, x))
+            .sum::<f64>()
+            / (runs.len() - 50) as f64;
+        let best = sim.time_at(total, opt);
+        assert!(
+            mean <= best * 1.02,
+            "seed {seed}: {} of the best ({opt:.4}); alphas {a:?}",
+            mean / best
+        );
     }
 }
 
