@@ -62,7 +62,7 @@ impl LocalSearch {
     /// Records a split call that ran with fast-path fraction `alpha` and took `wall_us` for
     /// `bytes` in all.
     pub fn observe(&mut self, alpha: f64, bytes: f64, wall_us: f64) {
-        if self.centre.is_none() || bytes <= 0.0 || !(wall_us > 0.0) {
+        if self.centre.is_none() || bytes <= 0.0 || wall_us.is_nan() || wall_us <= 0.0 {
             return;
         }
         let m = self.tried.entry(cell(alpha)).or_default();
