@@ -9,8 +9,10 @@
 //! - [`doorbell::Doorbell`]: the word an idle driver sleeps on (a shared futex).
 //! - [`reduce`]: reduction kernels for every [`dtype::DataType`] × [`dtype::ReduceOp`].
 //! - [`mem`]: aligned host buffers and regions.
+//! - [`copy`]: the stream tasks' bulk copy (streaming stores for large copies).
 //! - [`sync`]: std or loom atomics (`--cfg ampccl_loom`).
 
+pub mod copy;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod doorbell;

@@ -106,7 +106,7 @@ impl Task {
         match self {
             Task::Copy { dst, src, len } => {
                 // SAFETY: valid, non-overlapping by the enqueue contract.
-                unsafe { std::ptr::copy_nonoverlapping(*src, *dst, *len) };
+                unsafe { crate::copy::copy(*dst, *src, *len) };
                 Poll::Ready(Ok(()))
             }
             Task::Reduce {
