@@ -419,6 +419,20 @@ impl CommState {
         PcieRank::new(area, device, self.rank, self.nranks).map_err(|e| e.to_string())
     }
 
+    /// Turns this rank's PCIe path off for good after a failure mid-call, and tells the peers
+    /// (their [`CommState::can_split`] sees the failed status): every rank is fast-only from
+    /// the next call on.
+    pub fn fail_pcie(&self, pcie: &mut Pcie, why: String) {
+        self.domain
+            .header()
+            .set_status(self.rank, RankStatus::Failed);
+        tracing::error!(
+            rank = self.rank,
+            "ampccl: PCIe path off for this communicator: {why}"
+        );
+        *pcie = Pcie::Off(why);
+    }
+
     /// Whether this rank can propose a split: set up here, every rank on this host and every
     /// rank's set-up done and successful (never waits).
     pub fn can_split(&self, pcie: &mut Pcie) -> bool {

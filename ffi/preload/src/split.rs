@@ -460,7 +460,6 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
         let r = unsafe { call.part(real, rank, &st, (0, split.fast, es), (comm, stream)) };
         // SAFETY: as above.
         if let Err(e) = unsafe { rank.enqueue(&pop, forked) } {
-            log_once(&format!("PCIe part failed, done by NCCL: {e}"));
             // SAFETY: as above.
             let rest = unsafe {
                 call.part(
@@ -471,6 +470,12 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
                     (comm, stream),
                 )
             };
+            // Part of the pipeline may be enqueued, the peers' halves wait on it: no more
+            // splits on this communicator, on any rank.
+            st.fail_pcie(
+                &mut p.pcie,
+                format!("the PCIe part failed, done by NCCL: {e}"),
+            );
             return if r == nccl::SUCCESS { rest } else { r };
         }
         r
