@@ -2,14 +2,15 @@
 # "Never slower than NCCL alone": default settings against NCCL alone on N GPUs, RUNS runs each,
 # alternating (pass-through, default, ...), every size from 1 MiB to 1 GiB; prints per size the
 # median busbw ratio of the default runs and of the pass-through runs to NCCL alone.
-#   benches/gpu/default_vs_nccl.sh N [RUNS]     (OUT=dir for logs; default ./gpu-out)
+#   benches/gpu/default_vs_nccl.sh N [RUNS]     (OUT=dir for logs; default ./gpu-out;
+#                                                BENCH_ARGS overrides the sizes and ops)
 set -u
 N=${1:?number of GPUs}; RUNS=${2:-3}
 export OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
 HERE=$(dirname "$0")
 settings=()
 for _ in $(seq "$RUNS"); do settings+=("AMPCCL_ENABLE=0" "AMPCCL_REPORT=1"); done
-BENCH_ARGS="--ops allreduce,allgather --min-bytes 1048576 --max-bytes 1073741824 --factor 4 --repeats 9" \
+BENCH_ARGS=${BENCH_ARGS:-"--ops allreduce,allgather --min-bytes 1048576 --max-bytes 1073741824 --factor 4 --repeats 9"} \
   bash "$HERE/sweep_env.sh" "$N" "${settings[@]}" > "$OUT/default-vs-nccl.txt" 2>&1
 python - "$OUT" "$RUNS" <<'PY'
 import json, statistics, sys
