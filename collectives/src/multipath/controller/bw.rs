@@ -20,8 +20,7 @@
 //! back on and the next samples refine the split.
 //!
 //! The model's split is then refined by measured call times ([`super::search`]): a few splits
-//! next to it are tried and the fastest is kept — or, when even the fastest took longer than
-//! the reference calls (beyond their noise), the path goes off.
+//! next to it are tried and the fastest is kept.
 //!
 //! The gain is judged against a *reference*: every [`REFERENCE_EVERY`]th call of a key runs on
 //! the fast path alone ([`Controller::reference_every`]), and those calls feed a third model.
@@ -354,18 +353,6 @@ impl Controller for Bw {
         } else {
             st.search.choose(alpha)
         };
-        // Measured, not modelled: the fastest split tried is slower than NCCL alone (the
-        // reference calls) beyond the reference's noise.
-        if let Some(best) = st.search.best_time(s)
-            && st.has_reference()
-            && best > st.solo.predict(s) * (1.0 + 2.0 * st.solo.rel_stderr())
-        {
-            // Counts as a failed probe: the model that turned the path on was wrong here.
-            st.misses += 1;
-            st.mode = Mode::Off(0);
-            st.search.reset();
-            return next.with_alpha(1.0);
-        }
         let cur = f64::from(current.alpha);
         if current.use_pcie && !probing && (alpha - cur).abs() < DEADBAND {
             next

@@ -48,8 +48,6 @@ pub struct LocalSearch {
     /// Mean µs per byte of the calls run at each grid point.
     tried: BTreeMap<i64, Mean>,
     samples: u32,
-    /// The fastest candidate's mean µs per byte, once every candidate has been measured.
-    best: Option<f64>,
 }
 
 fn cell(alpha: f64) -> i64 {
@@ -90,21 +88,13 @@ impl LocalSearch {
         candidates.dedup();
         let count = |c: &i64| self.tried.get(c).map_or(0, |m| m.n);
         if let Some(c) = candidates.iter().find(|c| count(c) < SAMPLES) {
-            self.best = None;
             return alpha_of(*c);
         }
         let best = candidates.iter().min_by(|a, b| {
             let (ma, mb) = (self.tried[*a].value(), self.tried[*b].value());
             ma.total_cmp(&mb)
         });
-        self.best = best.map(|c| self.tried[c].value());
         best.map_or(model, |c| alpha_of(*c))
-    }
-
-    /// µs the fastest candidate took for `bytes`, once every candidate has been measured
-    /// (as of the last [`LocalSearch::choose`]).
-    pub fn best_time(&self, bytes: f64) -> Option<f64> {
-        self.best.map(|per_byte| per_byte * bytes)
     }
 
     /// Forgets everything (the path went off or failed).
@@ -136,19 +126,6 @@ mod tests {
         // Fastest at the model's split.
         let a = run(0.5, |a| 1.0 + (a - 0.5).abs());
         assert!((a - 0.5).abs() < 1e-9, "{a}");
-    }
-
-    #[test]
-    fn the_best_time_is_known_once_every_candidate_was_measured() {
-        let mut s = LocalSearch::default();
-        for k in 0..OFFSETS.len() as u32 * SAMPLES {
-            let a = s.choose(0.9);
-            assert_eq!(s.best_time(1.0), None, "after {k} samples");
-            s.observe(a, 2.0, 2.0 + a);
-        }
-        s.choose(0.9);
-        let best = s.best_time(2.0).expect("all measured");
-        assert!((best - (2.0 + 0.9)).abs() < 1e-9, "{best}");
     }
 
     #[test]
