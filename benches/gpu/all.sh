@@ -6,10 +6,7 @@
 #   benches/gpu/all.sh N "ALPHA1 ALPHA2"        (OUT=dir for logs; default ./gpu-out)
 set -u
 N=${1:?number of GPUs}; ALPHAS=${2:-0.9 0.95}
-export OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-HERE=$(dirname "$0")
-LIB=$(realpath target/release/libampccl_preload.so)
+source "$(dirname "$0")/common.sh"
 STEP_TIMEOUT=240 bash "$HERE/preload.sh" "$N" check > "$OUT/check-summary.txt" 2>&1
 python "$HERE/pcie_ceiling.py" --gpus "$N" > "$OUT/ceiling.txt" 2>&1
 settings=("AMPCCL_ENABLE=0" "AMPCCL_REPORT=1")

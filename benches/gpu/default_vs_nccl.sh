@@ -6,8 +6,7 @@
 #                                                BENCH_ARGS overrides the sizes and ops)
 set -u
 N=${1:?number of GPUs}; RUNS=${2:-3}
-export OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
-HERE=$(dirname "$0")
+source "$(dirname "$0")/common.sh"
 settings=()
 for _ in $(seq "$RUNS"); do settings+=("AMPCCL_ENABLE=0" "AMPCCL_REPORT=1"); done
 BENCH_ARGS=${BENCH_ARGS:-"--ops allreduce,allgather --min-bytes 1048576 --max-bytes 1073741824 --factor 4 --repeats 9"} \

@@ -6,10 +6,7 @@
 #   benches/gpu/final.sh [RUNS2] [RUNS4]
 set -u
 R2=${1:-3}; R4=${2:-2}
-export OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-HERE=$(dirname "$0")
-LIB=$(realpath target/release/libampccl_preload.so)
+source "$(dirname "$0")/common.sh"
 OUT=$OUT/check4 STEP_TIMEOUT=240 bash "$HERE/preload.sh" 4 check > "$OUT/check4.txt" 2>&1
 grep "^check:" "$OUT/check4.txt"; rm -rf "$OUT/check4"
 converge() { # N

@@ -5,10 +5,7 @@
 # Writes logs and JSON to $OUT (default ./gpu-out); prints the comparison tables last.
 set -u
 N=${1:?number of GPUs}; shift
-OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-LIB=$(realpath target/release/libampccl_preload.so)
-HERE=$(dirname "$0")
+source "$(dirname "$0")/common.sh"
 run() { # tag, preload(0/1), args...
   local tag=$1 pre=$2; shift 2
   local env=()

@@ -5,10 +5,7 @@
 # BENCH_ARGS is passed to collectives.py (default: allreduce,allgather at 256 MiB and 1 GiB).
 set -u
 N=${1:?number of GPUs}; shift
-OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-LIB=$(realpath target/release/libampccl_preload.so)
-HERE=$(dirname "$0")
+source "$(dirname "$0")/common.sh"
 ARGS=${BENCH_ARGS:---ops allreduce,allgather --min-bytes 268435456 --max-bytes 1073741824 --factor 4}
 bench() { # tag, env...
   local tag=$1; shift

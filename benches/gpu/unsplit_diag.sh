@@ -5,10 +5,7 @@
 #   benches/gpu/unsplit_diag.sh N            (OUT=dir for logs; default ./gpu-out)
 set -u
 N=${1:?number of GPUs}
-export OUT=${OUT:-./gpu-out}; mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-HERE=$(dirname "$0")
-LIB=$(realpath target/release/libampccl_preload.so)
+source "$(dirname "$0")/common.sh"
 one() { # tag, env... : one 64 MiB allreduce bench run
   local tag=$1; shift
   timeout 120 env "$@" python -m torch.distributed.run --standalone --nproc_per_node="$N" \
