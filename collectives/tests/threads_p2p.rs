@@ -385,35 +385,56 @@ fn timeout_cfg(cma: bool) -> Config {
     }
 }
 
-#[test]
-fn broadcast_count_mismatch_fails_everywhere() {
+/// Runs `op` (rank 0 sends, rank 1 receives a mismatched message), then a barrier, and checks
+/// the errors: the receiver fails on the call itself; the sender fails on it or, when the
+/// message went eagerly (a sender completes once it has written, as MPI's eager sends), on its
+/// next operation — never a hang or a silent success of both.
+fn check_sender_receiver_mismatch(op: fn(&Communicator) -> ampccl::Result<()>, large: bool) {
     for cma in [true, false] {
         let t = Instant::now();
-        let r = spawn_with(2, timeout_cfg(cma), |c| {
-            let mut buf = vec![1f32; 10 + c.rank()];
-            c.broadcast(&mut buf, 0)
+        let r = spawn_with(2, timeout_cfg(cma), move |c| {
+            let first = op(&c);
+            let next = if first.is_ok() { c.barrier() } else { Ok(()) };
+            (first, next)
         });
-        for (rank, r) in r.iter().enumerate() {
-            assert!(r.is_err(), "rank {rank} cma {cma}: {r:?}");
+        assert!(r[1].0.is_err(), "receiver, cma {cma}: {:?}", r[1]);
+        if large {
+            assert!(
+                r[0].0.is_err(),
+                "sender of a large message, cma {cma}: {:?}",
+                r[0]
+            );
+        } else {
+            assert!(
+                r[0].0.is_err() || r[0].1.is_err(),
+                "sender, cma {cma}: {:?}",
+                r[0]
+            );
         }
         assert!(t.elapsed() < Duration::from_secs(9), "{:?}", t.elapsed());
     }
 }
 
 #[test]
+fn broadcast_count_mismatch_fails_everywhere() {
+    // 40 bytes go eagerly, 400 kB through the receiver's clear-to-send.
+    check_sender_receiver_mismatch(|c| c.broadcast(&mut vec![1f32; 10 + c.rank()], 0), false);
+    check_sender_receiver_mismatch(
+        |c| c.broadcast(&mut vec![1f32; 100_000 + c.rank()], 0),
+        true,
+    );
+}
+
+#[test]
 fn send_recv_zero_vs_nonzero_fails_everywhere() {
-    for cma in [true, false] {
-        let t = Instant::now();
-        let r = spawn_with(2, timeout_cfg(cma), |c| {
+    check_sender_receiver_mismatch(
+        |c| {
             if c.rank() == 0 {
                 c.send::<f32>(&[], 1)
             } else {
                 c.recv(&mut [0f32; 5], 0)
             }
-        });
-        for (rank, r) in r.iter().enumerate() {
-            assert!(r.is_err(), "rank {rank} cma {cma}: {r:?}");
-        }
-        assert!(t.elapsed() < Duration::from_secs(9), "{:?}", t.elapsed());
-    }
+        },
+        false,
+    );
 }

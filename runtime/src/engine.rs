@@ -138,7 +138,7 @@ impl Engine {
 
     /// The abort reason, if aborted.
     pub fn abort_reason(&self) -> Option<Error> {
-        lock(&self.inner.abort).clone()
+        self.inner.aborted()
     }
 
     /// Drives until `done` returns `Some` (used by blocking calls that need a condition other
@@ -164,15 +164,29 @@ impl Drop for Engine {
 }
 
 impl EngineInner {
+    /// The abort reason once aborted (cheap while not: one flag load).
+    pub(crate) fn aborted(&self) -> Option<Error> {
+        if !self.aborted.load(Ordering::Acquire) {
+            return None;
+        }
+        Some(
+            lock(&self.abort)
+                .clone()
+                .unwrap_or(Error::Aborted(String::new())),
+        )
+    }
+
+    /// The wait timeout of tasks.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// One progress pass if no other thread is driving. Returns true if anything finished.
     pub(crate) fn try_progress(&self) -> bool {
         let Ok(streams) = self.streams.try_lock() else {
             return false;
         };
-        if self.aborted.load(Ordering::Acquire) {
-            let reason = lock(&self.abort)
-                .clone()
-                .unwrap_or(Error::Aborted(String::new()));
+        if let Some(reason) = self.aborted() {
             let n: u64 = streams.iter().map(|s| s.fail_all(reason.clone())).sum();
             self.finished(n);
             return n > 0;

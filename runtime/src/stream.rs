@@ -6,6 +6,12 @@
 //! waited on (the waiting thread drives the engine) or awaited as a `Future` (under any
 //! executor). A failed task fails its stream: the failure is sticky, every later event of the
 //! stream reports it.
+//!
+//! A stream that is idle can be made *inline* for a while ([`Stream::inline_while_idle`]): its
+//! tasks then run to completion on the enqueuing thread, inside `enqueue`, with the same
+//! polling, back-off, timeout and health checks as the engine's. A blocking call of a
+//! single-stream algorithm saves the queue and the driver that way (see the communicator's
+//! small-message path); nothing else about the tasks changes.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -35,6 +41,15 @@ pub(crate) struct Queued {
 }
 
 impl Queued {
+    fn new(task: Task) -> Queued {
+        Queued {
+            task,
+            polls: 0,
+            first_pending: None,
+            last_health: None,
+        }
+    }
+
     /// Called after a `Pending` poll: fails the task when it has waited longer than `timeout`
     /// or when its peer is known dead.
     fn check_stuck(&mut self, timeout: Duration) -> Result<()> {
@@ -72,6 +87,8 @@ pub(crate) struct StreamInner {
     failure: Mutex<Option<(u64, Error)>>,
     /// `failure.is_some()`, readable without the lock (enqueue checks it on every task).
     failed: AtomicBool,
+    /// Tasks run inside `enqueue` (see [`Stream::inline_while_idle`]).
+    inline: AtomicBool,
 }
 
 impl StreamInner {
@@ -82,6 +99,7 @@ impl StreamInner {
             completed: AtomicU64::new(0),
             failure: Mutex::new(None),
             failed: AtomicBool::new(false),
+            inline: AtomicBool::new(false),
         }
     }
 
@@ -112,6 +130,15 @@ impl StreamInner {
     /// Fails the task just popped and every queued one; returns how many were dropped.
     fn fail(&self, e: Error) -> u64 {
         self.fail_queued(e, 1)
+    }
+
+    /// Records the failure of a task run inline (the queue is empty).
+    fn fail_inline(&self, e: Error) {
+        let mut f = lock(&self.failure);
+        if f.is_none() {
+            *f = Some((self.completed.load(Ordering::Acquire) + 1, e));
+            self.failed.store(true, Ordering::Release);
+        }
     }
 
     /// Fails everything queued (abort); returns how many tasks were dropped.
@@ -183,6 +210,9 @@ impl Stream {
     /// anyone else) until the task has completed, i.e. until an event recorded after it
     /// completes.
     pub unsafe fn enqueue(&self, task: Task) {
+        if self.inner.inline.load(Ordering::Relaxed) {
+            return self.run_inline(task);
+        }
         let mut q = lock(&self.inner.queue);
         if self.inner.failed.load(Ordering::Acquire) {
             // A failed stream runs nothing more; the task counts as failed at once.
@@ -190,14 +220,60 @@ impl Stream {
             self.inner.completed.fetch_add(1, Ordering::Release);
             return;
         }
-        q.push_back(Queued {
-            task,
-            polls: 0,
-            first_pending: None,
-            last_health: None,
-        });
+        q.push_back(Queued::new(task));
         self.inner.enqueued.fetch_add(1, Ordering::AcqRel);
         self.engine.pending.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Runs `task` to completion on this thread, as the engine would at the head of this
+    /// stream: polled, backing off while pending, failed after the timeout or on a dead peer.
+    /// A failure is the stream's sticky failure, as for a queued task.
+    fn run_inline(&self, task: Task) {
+        let inner = &*self.inner;
+        // Only this thread changes the counters while the stream is inline (its queue is
+        // empty, so no driver pops or fails anything): plain stores, no locked instructions.
+        let bump = |c: &AtomicU64| c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
+        bump(&inner.enqueued);
+        if !inner.failed.load(Ordering::Acquire) {
+            let mut q = Queued::new(task);
+            let r = match q.task.poll() {
+                Poll::Ready(r) => r,
+                Poll::Pending => {
+                    let timeout = self.engine.timeout();
+                    self.engine.wait_until(|| {
+                        if let Some(e) = self.engine.aborted() {
+                            return Some(Err(e));
+                        }
+                        match q.task.poll() {
+                            Poll::Ready(r) => Some(r),
+                            Poll::Pending => q.check_stuck(timeout).err().map(Err),
+                        }
+                    })
+                }
+            };
+            if let Err(e) = r {
+                inner.fail_inline(e);
+            }
+        }
+        bump(&inner.completed);
+    }
+
+    /// Makes the stream inline until the guard drops, if it is idle (everything enqueued has
+    /// completed, nothing failed); `None` otherwise. While inline, [`Stream::enqueue`] returns
+    /// only once the task completed.
+    ///
+    /// Only for a thread that is the stream's sole user meanwhile (the communicator holds its
+    /// submission lock): a task another thread enqueued concurrently would run inline on that
+    /// thread too, and tasks waiting for each other across streams would wait forever, so
+    /// callers make it inline only for operations that run on this one stream.
+    pub fn inline_while_idle(&self) -> Option<InlineGuard<'_>> {
+        let inner = &*self.inner;
+        let idle = !inner.failed.load(Ordering::Acquire)
+            && inner.completed.load(Ordering::Acquire) == inner.enqueued.load(Ordering::Acquire);
+        idle.then(|| {
+            inner.inline.store(true, Ordering::Relaxed);
+            InlineGuard { stream: self }
+        })
     }
 
     /// Makes sure queued work progresses even if nobody waits for it (starts the engine's
@@ -235,6 +311,17 @@ impl Stream {
     /// True when both handles name the same stream.
     pub fn same_as(&self, other: &Stream) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+/// A stream inline until dropped (see [`Stream::inline_while_idle`]).
+pub struct InlineGuard<'a> {
+    stream: &'a Stream,
+}
+
+impl Drop for InlineGuard<'_> {
+    fn drop(&mut self) {
+        self.stream.inner.inline.store(false, Ordering::Relaxed);
     }
 }
 

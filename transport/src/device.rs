@@ -4,7 +4,9 @@
 //! NIC offers (seed 004): memory a peer may write into is named by `(key, addr)`; a one-sided
 //! write; a write-with-immediate whose immediate and length land in the receiver's completion
 //! slot; and the clear-to-send FIFO, which the receiver fills in the sender's memory with one
-//! remote write. The shared-memory provider implements it with stores into mapped segments
+//! remote write. For small messages it also offers pre-posted eager slots (the sender writes
+//! payload and header in one go, no clear-to-send needed) and per-slot credit words through
+//! which the receiver tells the sender a slot is free again. The shared-memory provider implements it with stores into mapped segments
 //! (or cross-memory attach), a verbs provider would post RDMA WRITE / WRITE_WITH_IMM.
 
 use ampccl_runtime::Result;
@@ -25,6 +27,14 @@ pub struct CtsEntry {
     pub tag: u32,
     /// Sequence number + 1 of this receive; written last, marks the entry valid.
     pub idx: u32,
+}
+
+/// An eager message as the receiver finds it in its slot: the sender's operation tag and the
+/// byte count (the payload stays in the slot until [`RmaDevice::eager_read`] copies it out).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EagerHeader {
+    pub tag: u32,
+    pub len: usize,
 }
 
 /// Immediate value flag: the sender failed this transfer (e.g. a tag mismatch) and tells the
@@ -63,6 +73,36 @@ pub trait RmaDevice: Send + Sync {
     fn write_imm(&self, peer: usize, slot: usize, imm: u32, len: u64) -> Result<()>;
     /// Our completion slot `slot` written by `peer`: `(imm, len)` if `imm & !IMM_ERROR == want`.
     fn poll_imm(&self, peer: usize, slot: usize, want: u32) -> Option<(u32, u64)>;
+    /// Largest message sent eagerly (0: the device has no eager slots). Both sides of a link
+    /// see the same value, so both know from the length alone which protocol a message uses.
+    fn eager_max(&self) -> usize;
+    /// Writes an eager message into `peer`'s eager slot `slot`: `len <= eager_max()` bytes of
+    /// payload, the tag and length, then `idx` last with release.
+    ///
+    /// # Safety
+    /// `src` must be valid for `len` reads.
+    unsafe fn eager_write(
+        &self,
+        peer: usize,
+        slot: usize,
+        idx: u32,
+        tag: u32,
+        src: *const u8,
+        len: usize,
+    ) -> Result<()>;
+    /// Our eager slot `slot` written by `peer`, if it holds message `idx`.
+    fn eager_peek(&self, peer: usize, slot: usize, idx: u32) -> Option<EagerHeader>;
+    /// Copies `len` bytes of the payload in our eager slot `slot` (from `peer`) to `dst`.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` writes, and the slot must hold a message of at least `len`
+    /// bytes (seen with [`RmaDevice::eager_peek`]) that the peer cannot overwrite yet.
+    unsafe fn eager_read(&self, peer: usize, slot: usize, dst: *mut u8, len: usize);
+    /// Tells `peer` that our receive number `seq` from it completed (its eager slot and its
+    /// completion slot are free again): stores `seq + 1` into `peer`'s credit word `slot`.
+    fn post_credit(&self, peer: usize, slot: usize, seq: u32) -> Result<()>;
+    /// The credit word `slot` that `peer` (receiving from us) wrote last; 0 if never written.
+    fn credit(&self, peer: usize, slot: usize) -> u32;
     /// Adds one to `peer`'s ack counter for us (HCCL `TxAck`).
     fn post_ack(&self, peer: usize) -> Result<()>;
     /// Acks `peer` has sent us so far.

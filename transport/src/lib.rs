@@ -2,12 +2,13 @@
 //!
 //! - [`bootstrap`]: unique id, TCP rendezvous, out-of-band allgather/barrier/broadcast.
 //! - [`device`]: the one-sided RMA device interface; [`protocol`]: NCCL's receiver-driven
-//!   protocol over it; [`link::Link`]: HCCL's link primitives as stream tasks.
+//!   protocol over it, [`eager`] its variant for small messages; [`link::Link`]: HCCL's link primitives as stream tasks.
 //! - providers: [`shm`] (processes on one host). TCP and RDMA verbs are later providers; the
 //!   probe list ([`probe`]) reports what can connect a set of ranks.
 
 pub mod bootstrap;
 pub mod device;
+pub mod eager;
 pub mod link;
 pub mod probe;
 pub mod protocol;

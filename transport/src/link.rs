@@ -2,12 +2,14 @@
 //!
 //! `tx_ack`/`rx_ack` exchange readiness; `rx_async` posts a clear-to-send for a local buffer;
 //! `tx_async` writes into the buffer the peer posted (receiver-driven, see
-//! [`crate::protocol`]); `tx_wait_done`/`rx_wait_done` complete them. Sequence numbers are taken
+//! [`crate::protocol`]); `tx_wait_done`/`rx_wait_done` complete them. Messages the device takes
+//! eagerly ([`crate::eager`]) are sent without waiting for the clear-to-send and copied out of
+//! their slot by `rx_wait_done`. Sequence numbers are taken
 //! when an operation is enqueued, so a link's operations must be enqueued in the order the two
 //! sides agree on (as with NCCL, issue order defines matching).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 use std::task::Poll;
 
 use ampccl_runtime::Result;
@@ -15,6 +17,7 @@ use ampccl_runtime::stream::Stream;
 use ampccl_runtime::task::{LinkDriver, LinkOp, Task};
 
 use crate::device::RmaDevice;
+use crate::eager;
 use crate::protocol::{self, SlotTracker};
 
 /// Issue-order counters of one direction of a link.
@@ -24,6 +27,16 @@ struct Counters {
     issued: AtomicU32,
     /// Next sequence number of a wait-done operation.
     waited: AtomicU32,
+}
+
+/// A posted eager receive, per FIFO slot: where `rx_wait_done` copies the message to. The
+/// message may arrive before the receive is posted, so `posted` (its sequence number + 1,
+/// stored last) tells `rx_wait_done` whether `dst` and `tag` are this receive's yet.
+#[derive(Default)]
+struct EagerRecv {
+    posted: AtomicU32,
+    dst: AtomicPtr<u8>,
+    tag: AtomicU32,
 }
 
 /// A link from the local rank to `peer` over a device.
@@ -39,6 +52,10 @@ pub struct Link {
     rx_done: SlotTracker,
     /// Sends completed, per slot.
     tx_done: SlotTracker,
+    /// Eager receives posted, per slot.
+    eager_rx: Box<[EagerRecv]>,
+    /// Our copy of the peer's credit words (eager sends).
+    credits: eager::Credits,
 }
 
 impl Link {
@@ -54,6 +71,8 @@ impl Link {
             rx_acks: AtomicU32::new(0),
             rx_done: SlotTracker::new(depth),
             tx_done: SlotTracker::new(depth),
+            eager_rx: (0..depth).map(|_| EagerRecv::default()).collect(),
+            credits: eager::Credits::new(depth),
         })
     }
 
@@ -156,11 +175,27 @@ impl LinkDriver for Link {
             }
             LinkOp::RxAsync { seq, dst, len, tag } => {
                 let free = self.rx_done.is_free(seq);
-                protocol::post_recv(dev, self.peer, seq, free, dst, len, tag)
+                if !eager::is_eager(dev, len) {
+                    return protocol::post_recv(dev, self.peer, seq, free, dst, len, tag);
+                }
+                let r = eager::post_recv(dev, self.peer, seq, free, len, tag);
+                if r.is_ready() {
+                    let e = &self.eager_rx[seq as usize % self.eager_rx.len()];
+                    e.dst.store(dst, Ordering::Relaxed);
+                    e.tag.store(tag, Ordering::Relaxed);
+                    e.posted.store(seq.wrapping_add(1), Ordering::Release);
+                }
+                r
             }
             LinkOp::TxAsync { seq, src, len, tag } => {
                 // SAFETY: `src` valid by the `tx_async` contract.
-                let r = unsafe { protocol::try_send(dev, self.peer, seq, src, len, tag) };
+                let r = unsafe {
+                    if eager::is_eager(dev, len) {
+                        eager::try_send(dev, &self.credits, self.peer, seq, src, len, tag)
+                    } else {
+                        protocol::try_send(dev, self.peer, seq, src, len, tag)
+                    }
+                };
                 if r.is_ready() {
                     // Device writes are complete once issued (shared memory); a device with
                     // asynchronous completions would advance this from its completion queue.
@@ -176,7 +211,18 @@ impl LinkDriver for Link {
                 }
             }
             LinkOp::RxWaitDone { seq, len } => {
-                let r = protocol::poll_recv(dev, self.peer, seq, len);
+                let r = if eager::is_eager(dev, len) {
+                    let e = &self.eager_rx[seq as usize % self.eager_rx.len()];
+                    if e.posted.load(Ordering::Acquire) != seq.wrapping_add(1) {
+                        return Poll::Pending;
+                    }
+                    let (dst, tag) = (e.dst.load(Ordering::Relaxed), e.tag.load(Ordering::Relaxed));
+                    // SAFETY: `dst` was posted by `rx_async` for this receive, whose contract
+                    // keeps it valid until this completes.
+                    unsafe { eager::poll_recv(dev, self.peer, seq, dst, len, tag) }
+                } else {
+                    protocol::poll_recv(dev, self.peer, seq, len)
+                };
                 if r.is_ready() {
                     self.rx_done.complete(seq);
                 }

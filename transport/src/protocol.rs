@@ -8,7 +8,13 @@
 //! - send number `seq`: the sender waits until its FIFO slot shows `idx == seq + 1`, checks the
 //!   tag and size, writes the data into the receiver's buffer striped over `nreqs` writes, the
 //!   last one carrying the immediate `seq + 1` and the length;
-//! - the receiver completes when its completion slot shows that immediate.
+//! - the receiver completes when its completion slot shows that immediate, and stores
+//!   `seq + 1` into its credit word `seq % depth` in the sender's memory.
+//!
+//! Messages of at most the device's `eager_max` bytes take the eager variant instead
+//! ([`crate::eager`]): one one-way trip instead of two. Both sides pick the variant from the
+//! length, and each side also watches for the other variant, so a length mismatch fails both
+//! instead of leaving them waiting.
 //!
 //! Every step is a non-blocking poll returning `Pending` until it can act, so the same code runs
 //! under the stream engine, in unit tests against an in-memory device, and under loom.
@@ -23,7 +29,7 @@ use crate::device::{CtsEntry, IMM_ERROR, RmaDevice};
 /// Sequence numbers live in 31 bits (the top immediate bit is the error flag).
 const SEQ_MASK: u32 = !IMM_ERROR;
 
-fn idx_of(seq: u32) -> u32 {
+pub(crate) fn idx_of(seq: u32) -> u32 {
     seq.wrapping_add(1) & SEQ_MASK
 }
 
@@ -110,7 +116,7 @@ impl SlotTracker {
 }
 
 /// `a >= b` for sequence numbers that may wrap.
-fn at_least(a: u32, b: u32) -> bool {
+pub(crate) fn at_least(a: u32, b: u32) -> bool {
     (a.wrapping_sub(b) as i32) >= 0
 }
 
@@ -147,14 +153,7 @@ pub unsafe fn try_send(
         Poll::Ready(Err(e))
     };
     if cts.tag != tag {
-        let theirs = dev
-            .peer_op(peer)
-            .unwrap_or_else(|| format!("tag {:#x}", cts.tag));
-        let ours = dev.local_op().unwrap_or_else(|| format!("tag {tag:#x}"));
-        return fail(Error::InvalidUsage(format!(
-            "operation mismatch: {} is running {theirs}, this rank is running {ours}",
-            dev.peer_desc(peer)
-        )));
+        return fail(op_mismatch(dev, peer, cts.tag, tag));
     }
     if len as u64 != cts.size {
         return fail(Error::InvalidUsage(format!(
@@ -179,10 +178,36 @@ pub unsafe fn try_send(
     Poll::Ready(dev.write_imm(peer, slot, idx_of(seq), len as u64))
 }
 
+/// The error for a peer running another operation (tags differ).
+pub(crate) fn op_mismatch(dev: &dyn RmaDevice, peer: usize, theirs: u32, ours: u32) -> Error {
+    let theirs = dev
+        .peer_op(peer)
+        .unwrap_or_else(|| format!("tag {theirs:#x}"));
+    let ours = dev.local_op().unwrap_or_else(|| format!("tag {ours:#x}"));
+    Error::InvalidUsage(format!(
+        "operation mismatch: {} is running {theirs}, this rank is running {ours}",
+        dev.peer_desc(peer)
+    ))
+}
+
+/// The error for a peer that sent `got` bytes where this rank expected `len`.
+pub(crate) fn len_mismatch(dev: &dyn RmaDevice, peer: usize, got: u64, len: usize) -> Error {
+    Error::InvalidUsage(format!(
+        "{} sent {got} bytes, this rank expected {len}",
+        dev.peer_desc(peer)
+    ))
+}
+
 /// Completes receive `seq` once its immediate has arrived; it must carry exactly `len` bytes.
+/// Then frees the slot for the sender (credit).
 pub fn poll_recv(dev: &dyn RmaDevice, peer: usize, seq: u32, len: usize) -> Poll<Result<()>> {
     let slot = (seq % dev.fifo_depth() as u32) as usize;
     let Some((imm, got)) = dev.poll_imm(peer, slot, idx_of(seq)) else {
+        // A small message where this rank expects a large one: the sender used the eager
+        // variant and will never look at our clear-to-send.
+        if let Some(h) = dev.eager_peek(peer, slot, idx_of(seq)) {
+            return Poll::Ready(Err(len_mismatch(dev, peer, h.len as u64, len)));
+        }
         return Poll::Pending;
     };
     if imm & IMM_ERROR != 0 {
@@ -192,12 +217,9 @@ pub fn poll_recv(dev: &dyn RmaDevice, peer: usize, seq: u32, len: usize) -> Poll
         ))));
     }
     if got != len as u64 {
-        return Poll::Ready(Err(Error::InvalidUsage(format!(
-            "{} sent {got} bytes, this rank expected {len}",
-            dev.peer_desc(peer)
-        ))));
+        return Poll::Ready(Err(len_mismatch(dev, peer, got, len)));
     }
-    Poll::Ready(Ok(()))
+    Poll::Ready(dev.post_credit(peer, slot, seq))
 }
 
 #[cfg(test)]

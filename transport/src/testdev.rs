@@ -6,12 +6,20 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use ampccl_runtime::{Error, Result};
 
-use crate::device::{CtsEntry, IMM_ERROR, RmaDevice};
+use crate::device::{CtsEntry, EagerHeader, IMM_ERROR, RmaDevice};
 use std::sync::Arc;
+
+/// Largest eager message of the test device (small, so tests exercise both variants).
+const EAGER_MAX: usize = 64;
+
+/// An eager slot: `(idx, tag, payload)`.
+type EagerSlot = (u32, u32, Vec<u8>);
 
 struct Side {
     fifo: Vec<Mutex<CtsEntry>>,
     imm: Vec<Mutex<(u32, u64)>>,
+    eager: Vec<Mutex<EagerSlot>>,
+    credits: Vec<AtomicU32>,
     acks: AtomicU32,
     window: UnsafeCell<Box<[u8]>>,
 }
@@ -38,6 +46,8 @@ impl PairDevice {
                 .map(|_| Mutex::new(CtsEntry::default()))
                 .collect(),
             imm: (0..depth).map(|_| Mutex::new((0, 0))).collect(),
+            eager: (0..depth).map(|_| Mutex::new((0, 0, Vec::new()))).collect(),
+            credits: (0..depth).map(|_| AtomicU32::new(0)).collect(),
             acks: AtomicU32::new(0),
             window: UnsafeCell::new(vec![0u8; window].into_boxed_slice()),
         };
@@ -124,6 +134,47 @@ impl RmaDevice for PairDevice {
     fn poll_imm(&self, _peer: usize, slot: usize, want: u32) -> Option<(u32, u64)> {
         let (imm, len) = *self.side(self.me).imm[slot].lock().unwrap();
         (imm & !IMM_ERROR == want).then_some((imm, len))
+    }
+    fn eager_max(&self) -> usize {
+        EAGER_MAX
+    }
+    unsafe fn eager_write(
+        &self,
+        peer: usize,
+        slot: usize,
+        idx: u32,
+        tag: u32,
+        src: *const u8,
+        len: usize,
+    ) -> Result<()> {
+        assert!(len <= EAGER_MAX);
+        // SAFETY: src valid for len by contract (a zero-length message may pass null).
+        let data = if len == 0 {
+            Vec::new()
+        } else {
+            unsafe { std::slice::from_raw_parts(src, len) }.to_vec()
+        };
+        *self.side(peer).eager[slot].lock().unwrap() = (idx, tag, data);
+        Ok(())
+    }
+    fn eager_peek(&self, _peer: usize, slot: usize, idx: u32) -> Option<EagerHeader> {
+        let e = self.side(self.me).eager[slot].lock().unwrap();
+        (e.0 == idx).then(|| EagerHeader {
+            tag: e.1,
+            len: e.2.len(),
+        })
+    }
+    unsafe fn eager_read(&self, _peer: usize, slot: usize, dst: *mut u8, len: usize) {
+        let e = self.side(self.me).eager[slot].lock().unwrap();
+        // SAFETY: dst valid for len by contract; the slot holds at least len bytes.
+        unsafe { std::ptr::copy_nonoverlapping(e.2.as_ptr(), dst, len) };
+    }
+    fn post_credit(&self, peer: usize, slot: usize, seq: u32) -> Result<()> {
+        self.side(peer).credits[slot].store(seq.wrapping_add(1), Ordering::Release);
+        Ok(())
+    }
+    fn credit(&self, _peer: usize, slot: usize) -> u32 {
+        self.side(self.me).credits[slot].load(Ordering::Acquire)
     }
     fn post_ack(&self, peer: usize) -> Result<()> {
         self.side(peer).acks.fetch_add(1, Ordering::Release);

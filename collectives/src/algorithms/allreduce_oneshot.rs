@@ -30,26 +30,34 @@ impl Executor for AllReduceOneShot {
             }
             return Ok(());
         }
-        // Our own contribution goes to our slot too, so in-place works and the order of the
-        // reduction is the same on every rank.
-        res.tasks
-            .copy(MAIN, slot(me), Mem::of(BufKind::UserIn), nb)?;
+        // Our own contribution is read straight from the input, unless the reduction chain
+        // would overwrite it before reading it (in place, more than two ranks): then it goes
+        // to our slot first. Either way every rank reduces in rank order, so the results are
+        // bitwise identical.
+        let own = if p.in_place && world > 2 {
+            res.tasks
+                .copy(MAIN, slot(me), Mem::of(BufKind::UserIn), nb)?;
+            slot(me)
+        } else {
+            Mem::of(BufKind::UserIn)
+        };
+        let part = |r: usize| if r == me { own } else { slot(r) };
         let peers = || (1..world).map(|d| (me + d) % world);
         for q in peers() {
             res.tasks.rx_async(MAIN, q, slot(q), nb)?;
         }
         for q in peers() {
-            res.tasks.tx_async(MAIN, q, slot(me), nb)?;
+            res.tasks.tx_async(MAIN, q, own, nb)?;
         }
         for q in peers() {
             res.tasks.rx_wait_done(MAIN, q, nb)?;
             res.tasks.tx_wait_done(MAIN, q)?;
         }
         res.tasks
-            .reduce(MAIN, p.dtype, p.op, out, slot(0), slot(1), n)?;
+            .reduce(MAIN, p.dtype, p.op, out, part(0), part(1), n)?;
         for q in 2..world {
             res.tasks
-                .reduce(MAIN, p.dtype, p.op, out, out, slot(q), n)?;
+                .reduce(MAIN, p.dtype, p.op, out, out, part(q), n)?;
         }
         if p.op == ReduceOp::Avg {
             res.tasks.finish_avg(MAIN, p.dtype, out, n, world)?;

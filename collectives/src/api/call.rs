@@ -191,7 +191,7 @@ impl Communicator {
             })
             .collect::<Result<Vec<_>>>()?;
         // SAFETY: forwarded from the caller.
-        unsafe { self.submit(stream, &mut calls) }
+        unsafe { self.submit(stream, &mut calls, false) }
     }
 
     /// Checks `op` as [`Communicator::enqueue_raw`] would (arguments only; nothing is queued),

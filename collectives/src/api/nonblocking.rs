@@ -86,7 +86,7 @@ impl OnStream<'_> {
         let mut call = [make_call(self.comm, spec, i, o)?];
         // SAFETY: the regions point into `bufs`' heap memory, which `OpFuture` owns until the
         // event completes (its Drop waits for completion; leaking it leaks the memory too).
-        let ev = unsafe { self.comm.submit(&self.stream, &mut call)? };
+        let ev = unsafe { self.comm.submit(&self.stream, &mut call, false)? };
         self.stream.kick();
         Ok(OpFuture {
             comm: self.comm.clone(),

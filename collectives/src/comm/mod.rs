@@ -258,10 +258,20 @@ impl Communicator {
     /// streams, joined back into `stream`. Either way they start after the previous operation
     /// of this communicator.
     ///
+    /// `blocking`: the caller waits for the event right away. Then one call of a single-stream
+    /// algorithm on an idle communicator runs on this thread at once (the stream made inline),
+    /// without queueing its tasks for the engine: the same tasks and messages, less overhead
+    /// (what a small message's latency is made of).
+    ///
     /// # Safety
     /// The calls' regions must stay valid (inputs for reads, outputs for exclusive writes)
     /// until the returned event completes.
-    pub(crate) unsafe fn submit(&self, stream: &Stream, calls: &mut [Call]) -> Result<Event> {
+    pub(crate) unsafe fn submit(
+        &self,
+        stream: &Stream,
+        calls: &mut [Call],
+        blocking: bool,
+    ) -> Result<Event> {
         let c = &*self.inner;
         if let Some(e) = c.engine.abort_reason() {
             return Err(e);
@@ -296,7 +306,7 @@ impl Communicator {
         {
             // The common case, without planning (and without allocating).
             after_prior(stream);
-            c.run_job(stream, calls, Job::Call(0))
+            c.orchestrate(stream, &calls[0], blocking && prior.is_none())
         } else {
             let jobs = plan(c.rank, calls)?;
             // Without cross-memory attach every receive lands in the one CCL input buffer, so
@@ -346,7 +356,14 @@ impl Communicator {
             return Err(e);
         }
         let ev = stream.record();
-        *last = Some((stream.clone(), ev.clone()));
+        if ev.is_done() {
+            // Ran inline (or had nothing to do): nothing later needs to wait for it.
+            if last.is_some() {
+                *last = None;
+            }
+        } else {
+            *last = Some((stream.clone(), ev.clone()));
+        }
         Ok(ev)
     }
 }
@@ -388,7 +405,7 @@ impl CommInner {
     /// valid until the stream gets past it).
     fn run_job(&self, stream: &Stream, calls: &[Call], job: Job) -> Result<()> {
         match job {
-            Job::Call(i) => self.orchestrate(stream, &calls[i]),
+            Job::Call(i) => self.orchestrate(stream, &calls[i], false),
             Job::SelfCopy { send, recv } => {
                 let (src, dst) = (calls[send].input, calls[recv].output);
                 if src.len > 0 && src.ptr != dst.ptr {
@@ -408,8 +425,10 @@ impl CommInner {
         }
     }
 
-    /// Selects, fetches resources and orchestrates one call onto `stream`.
-    fn orchestrate(&self, stream: &Stream, call: &Call) -> Result<()> {
+    /// Selects, fetches resources and orchestrates one call onto `stream`; `may_inline`: the
+    /// caller waits for it at once and nothing of this communicator runs before it, so a
+    /// single-stream algorithm may run inline (see `submit`).
+    fn orchestrate(&self, stream: &Stream, call: &Call, may_inline: bool) -> Result<()> {
         let p = &call.p;
         if p.kind == OpKind::Send && p.root == self.rank {
             return Err(Error::InvalidArgument(
@@ -457,6 +476,11 @@ impl CommInner {
             user_mem_links: ctx.user_mem_links,
             tasks: &mut sink,
         };
+        // A task of an inline stream runs to completion before the next is issued, so only
+        // an algorithm whose tasks all go to this one stream may run inline.
+        let _inline = (may_inline && res.slaves.is_empty() && res.notifies.is_empty())
+            .then(|| stream.inline_while_idle())
+            .flatten();
         entry.executor.orchestrate(p, &mut resp)?;
         drop(links);
         Ok(())

@@ -13,7 +13,7 @@ use ampccl_runtime::{Error, Result};
 
 use super::layout::*;
 use super::segment::Segment;
-use crate::device::{CtsEntry, IMM_ERROR, RmaDevice};
+use crate::device::{CtsEntry, EagerHeader, IMM_ERROR, RmaDevice};
 use crate::shm::cma;
 
 /// Longest a failing rank waits for peers' writes into its user memory to finish.
@@ -275,6 +275,74 @@ impl RmaDevice for ShmDevice {
         let off = self.layout.imm(peer, slot);
         let imm = v.u32(off).load(Ordering::Acquire);
         (imm & !IMM_ERROR == want).then(|| (imm, v.u64(off + 8).load(Ordering::Relaxed)))
+    }
+
+    fn eager_max(&self) -> usize {
+        EAGER_MAX
+    }
+
+    unsafe fn eager_write(
+        &self,
+        peer: usize,
+        slot: usize,
+        idx: u32,
+        tag: u32,
+        src: *const u8,
+        len: usize,
+    ) -> Result<()> {
+        if len > EAGER_MAX {
+            return Err(Error::Internal(format!(
+                "eager message of {len} bytes (at most {EAGER_MAX})"
+            )));
+        }
+        let v = &self.views[peer];
+        let off = self.layout.eager(self.rank, slot);
+        if len > 0 {
+            // SAFETY: the slot lies inside the peer's mapping (layout) and holds EAGER_MAX
+            // payload bytes; the receiver reads it only after seeing `idx` below and returns it
+            // (credit) before we may write it again; `src` is valid by contract.
+            unsafe { std::ptr::copy_nonoverlapping(src, v.base.add(off + EAGER_HEADER), len) };
+        }
+        v.u32(off + 4).store(tag, Ordering::Relaxed);
+        v.u32(off + 8).store(len as u32, Ordering::Relaxed);
+        v.u32(off).store(idx, Ordering::Release);
+        self.bells[peer].ring();
+        Ok(())
+    }
+
+    fn eager_peek(&self, peer: usize, slot: usize, idx: u32) -> Option<EagerHeader> {
+        let v = self.mine();
+        let off = self.layout.eager(peer, slot);
+        (v.u32(off).load(Ordering::Acquire) == idx).then(|| EagerHeader {
+            tag: v.u32(off + 4).load(Ordering::Relaxed),
+            len: v.u32(off + 8).load(Ordering::Relaxed) as usize,
+        })
+    }
+
+    unsafe fn eager_read(&self, peer: usize, slot: usize, dst: *mut u8, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let off = self.layout.eager(peer, slot) + EAGER_HEADER;
+        debug_assert!(len <= EAGER_MAX);
+        // SAFETY: the payload lies inside our mapping; the caller saw the header (acquire) and
+        // the sender does not write the slot again before our credit; `dst` valid by contract.
+        unsafe { std::ptr::copy_nonoverlapping(self.mine().base.add(off), dst, len) };
+    }
+
+    fn post_credit(&self, peer: usize, slot: usize, seq: u32) -> Result<()> {
+        // A sender out of credit may be asleep on its doorbell.
+        self.views[peer]
+            .u32(self.layout.credit(self.rank, slot))
+            .store(seq.wrapping_add(1), Ordering::Release);
+        self.bells[peer].ring();
+        Ok(())
+    }
+
+    fn credit(&self, peer: usize, slot: usize) -> u32 {
+        self.mine()
+            .u32(self.layout.credit(peer, slot))
+            .load(Ordering::Acquire)
     }
 
     fn post_ack(&self, peer: usize) -> Result<()> {

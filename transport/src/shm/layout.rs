@@ -7,6 +7,9 @@
 //!          CTS FIFO    depth x 32 B   written by that peer as receiver, read by us as sender
 //!          completions depth x 16 B   written by that peer as sender (imm, len)
 //!          ack counter 4 B            bumped by that peer (TxAck)
+//!          credits     depth x 4 B    written by that peer as receiver (receive seq done)
+//!          eager slots depth x 1088 B written by that peer as sender: idx, tag, len, then
+//!                                     up to EAGER_MAX bytes of payload
 //! ...    window: the communicator's registered CCL buffers (page-aligned)
 //! ```
 //! Every field a peer writes is accessed atomically; a field is written by exactly one rank.
@@ -16,7 +19,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crate::device::CtsEntry;
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"ampcclsh");
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 const PAGE: usize = 4096;
 
 // Header offsets.
@@ -39,6 +42,14 @@ const MAX_WORDS: usize = (TEXT_LEN - 8) / 8;
 
 const CTS_SIZE: usize = 32;
 const IMM_SIZE: usize = 16;
+const CREDIT_SIZE: usize = 4;
+/// Largest eager message (see [`crate::eager`]): at or below it, one one-way trip beats the
+/// rendezvous' two; above it the extra copy out of the slot starts to cost more than a trip
+/// saves, and the slots (`depth` of them per peer) would cost more memory.
+pub const EAGER_MAX: usize = 1024;
+/// Eager slot header: idx, tag, len (u32 each) and padding; the payload follows.
+pub const EAGER_HEADER: usize = 16;
+const EAGER_STRIDE: usize = (EAGER_HEADER + EAGER_MAX).next_multiple_of(64);
 
 /// Sizes that define a segment.
 #[derive(Clone, Copy, Debug)]
@@ -49,8 +60,16 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// Offset of the credit words inside a control block.
+    fn credits_rel(&self) -> usize {
+        self.depth * (CTS_SIZE + IMM_SIZE) + 64
+    }
+    /// Offset of the eager slots inside a control block.
+    fn eager_rel(&self) -> usize {
+        (self.credits_rel() + self.depth * CREDIT_SIZE).next_multiple_of(64)
+    }
     fn ctrl_size(&self) -> usize {
-        (self.depth * (CTS_SIZE + IMM_SIZE) + 64).next_multiple_of(PAGE)
+        (self.eager_rel() + self.depth * EAGER_STRIDE).next_multiple_of(PAGE)
     }
     /// Offset of the control block written by `peer`.
     pub fn ctrl(&self, peer: usize) -> usize {
@@ -64,6 +83,13 @@ impl Layout {
     }
     pub fn ack(&self, peer: usize) -> usize {
         self.ctrl(peer) + self.depth * (CTS_SIZE + IMM_SIZE)
+    }
+    pub fn credit(&self, peer: usize, slot: usize) -> usize {
+        self.ctrl(peer) + self.credits_rel() + slot * CREDIT_SIZE
+    }
+    /// Offset of eager slot `slot` written by `peer` (its header; the payload follows).
+    pub fn eager(&self, peer: usize, slot: usize) -> usize {
+        self.ctrl(peer) + self.eager_rel() + slot * EAGER_STRIDE
     }
     pub fn window_off(&self) -> usize {
         PAGE + self.world * self.ctrl_size()

@@ -10,7 +10,7 @@ pub mod cma;
 pub mod connect;
 pub mod device;
 pub mod layout;
-#[cfg(test)]
+#[cfg(all(test, not(ampccl_loom)))]
 mod notify_test;
 pub mod segment;
 
