@@ -132,8 +132,9 @@ impl StreamInner {
         self.fail_queued(e, 1)
     }
 
-    /// Records the failure of a task run inline (the queue is empty).
-    fn fail_inline(&self, e: Error) {
+    /// Records `e` as the stream's failure, at the next task to complete, unless it already
+    /// failed (the first failure is the one it reports).
+    fn record_failure(&self, e: Error) {
         let mut f = lock(&self.failure);
         if f.is_none() {
             *f = Some((self.completed.load(Ordering::Acquire) + 1, e));
@@ -155,11 +156,7 @@ impl StreamInner {
             return 0;
         }
         q.clear();
-        let mut f = lock(&self.failure);
-        if f.is_none() {
-            *f = Some((self.completed.load(Ordering::Acquire) + 1, e));
-            self.failed.store(true, Ordering::Release);
-        }
+        self.record_failure(e);
         self.completed.fetch_add(dropped, Ordering::Release);
         dropped
     }
@@ -252,7 +249,7 @@ impl Stream {
                 }
             };
             if let Err(e) = r {
-                inner.fail_inline(e);
+                inner.record_failure(e);
             }
         }
         bump(&inner.completed);

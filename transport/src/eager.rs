@@ -172,14 +172,8 @@ pub unsafe fn poll_recv(
 mod tests {
     use super::*;
     use crate::protocol;
+    use crate::protocol::tests::ready;
     use crate::testdev::PairDevice;
-
-    fn ready<T>(p: Poll<T>) -> T {
-        match p {
-            Poll::Ready(v) => v,
-            Poll::Pending => panic!("unexpectedly pending"),
-        }
-    }
 
     #[test]
     fn sender_goes_before_the_receiver_posts() {

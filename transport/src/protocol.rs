@@ -227,7 +227,8 @@ pub(crate) mod tests {
     use super::*;
     use crate::testdev::PairDevice;
 
-    fn ready<T>(p: Poll<T>) -> T {
+    /// The value of a poll that must be ready (test helper, shared with the eager tests).
+    pub(crate) fn ready<T>(p: Poll<T>) -> T {
         match p {
             Poll::Ready(v) => v,
             Poll::Pending => panic!("unexpectedly pending"),
