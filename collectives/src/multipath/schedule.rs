@@ -11,6 +11,13 @@
 //! A rank never reads its own staged pieces (it has the data on its device): its send stream
 //! may already stage a later chunk into a slot its receive stream is done waiting for.
 //!
+//! An operation may take several **rounds** per chunk (allreduce on more than two GPUs: a
+//! reduce-scatter round, then an allgather round that stages what the first round reduced).
+//! Each round is a step with its own number `g`; [`steps`] orders them with a one-chunk lag
+//! (round `j` of chunk `c` right after round `j − 1` of chunk `c + 1`), and the send stream of a
+//! later round also waits `consumed[me] ≥ after + 1`, where `after` is the step of the round
+//! before: its own receive stream must have produced what it stages.
+//!
 //! Flag values are `g + 1` as 32-bit numbers, compared with `≥`: they wrap after 2³² chunks.
 
 /// A flag of the staging area.
@@ -29,6 +36,44 @@ pub struct ChunkFlags {
     pub me: usize,
     pub nranks: usize,
     pub slots: usize,
+    /// The step whose receive produced what this step stages (a later round of a chunk).
+    pub after: Option<u64>,
+}
+
+/// Round `round` of chunk `chunk` of an operation, pipeline step `g`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Step {
+    pub chunk: usize,
+    pub round: usize,
+    pub g: u64,
+    /// The step of the same chunk's previous round (see [`ChunkFlags::after`]).
+    pub after: Option<u64>,
+}
+
+/// The steps of an operation of `chunks` chunks and `rounds` rounds each, numbered from
+/// `first`, in the order both streams issue them: round `j` of chunk `c` right after round
+/// `j − 1` of chunk `c + 1`, so that the send stream stages the next chunk while the receive
+/// stream still works on the round a later round depends on.
+pub fn steps(first: u64, chunks: usize, rounds: usize) -> Vec<Step> {
+    let mut out: Vec<Step> = Vec::with_capacity(chunks * rounds);
+    let mut g_of = vec![0u64; chunks * rounds];
+    for t in 0..(chunks + rounds).saturating_sub(1) {
+        for round in 0..rounds {
+            let Some(chunk) = t.checked_sub(round).filter(|&c| c < chunks) else {
+                continue;
+            };
+            let g = first + out.len() as u64;
+            g_of[chunk * rounds + round] = g;
+            let after = (round > 0).then(|| g_of[chunk * rounds + round - 1]);
+            out.push(Step {
+                chunk,
+                round,
+                g,
+                after,
+            });
+        }
+    }
+    out
 }
 
 impl ChunkFlags {
@@ -46,9 +91,11 @@ impl ChunkFlags {
     pub fn send_waits(&self) -> impl Iterator<Item = (Flag, u32)> + use<> {
         let reuse = (self.g >= self.slots as u64).then(|| (self.g + 1 - self.slots as u64) as u32);
         let me = self.me;
+        let own = self.after.map(|a| (Flag::Consumed(me), (a + 1) as u32));
         (0..self.nranks)
             .filter(move |&q| q != me)
             .filter_map(move |q| reuse.map(|v| (Flag::Consumed(q), v)))
+            .chain(own)
     }
 
     /// What the send stream writes once staged.
@@ -79,6 +126,7 @@ mod tests {
             me: 1,
             nranks: 3,
             slots: 2,
+            after: None,
         };
         assert_eq!(c(0).send_waits().count(), 0);
         assert_eq!(c(1).send_waits().count(), 0);
@@ -97,5 +145,42 @@ mod tests {
             ]
         );
         assert_eq!(c(2).recv_signal(), (Flag::Consumed(1), 3));
+    }
+
+    #[test]
+    fn a_later_round_waits_for_its_own_earlier_receive() {
+        let c = ChunkFlags {
+            g: 2,
+            me: 0,
+            nranks: 2,
+            slots: 4,
+            after: Some(0),
+        };
+        assert_eq!(
+            c.send_waits().collect::<Vec<_>>(),
+            vec![(Flag::Consumed(0), 1)]
+        );
+    }
+
+    #[test]
+    fn rounds_are_issued_with_a_one_chunk_lag() {
+        let order: Vec<_> = steps(10, 3, 2)
+            .iter()
+            .map(|s| (s.chunk, s.round, s.g, s.after))
+            .collect();
+        assert_eq!(
+            order,
+            vec![
+                (0, 0, 10, None),
+                (1, 0, 11, None),
+                (0, 1, 12, Some(10)),
+                (2, 0, 13, None),
+                (1, 1, 14, Some(11)),
+                (2, 1, 15, Some(13)),
+            ]
+        );
+        let single: Vec<_> = steps(0, 3, 1).iter().map(|s| (s.chunk, s.g)).collect();
+        assert_eq!(single, vec![(0, 0), (1, 1), (2, 2)]);
+        assert!(steps(0, 0, 2).is_empty());
     }
 }

@@ -506,17 +506,20 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
 }
 
 /// The first split of a key the table does not hold yet (adaptive controllers): the
-/// controller's initial split,
-/// with the PCIe share of reductions scaled by `1 / (nranks - 1)` — their PCIe part fetches
-/// every peer's chunk, so its bandwidth falls that way (the initial split is tuned for 2 GPUs).
+/// controller's initial split (tuned for 2 GPUs), with the PCIe share of reductions scaled by
+/// the bytes their PCIe part moves H2D per byte on 2 GPUs over those it moves on `nranks`:
+/// `1 / (nranks − 1)` for reduce-scatter and reduce (they fetch every peer's chunk), and
+/// `nranks / (2 (nranks − 1))` for allreduce (reduce-scatter, then allgather, through host
+/// memory).
 fn prior(key: &OpKey, nranks: usize, initial: ParamValue) -> ParamValue {
-    match key.op {
-        MpOp::AllReduce | MpOp::ReduceScatter | MpOp::Reduce if nranks > 2 => {
-            let share = (1.0 - initial.effective_alpha()) / (nranks - 1) as f64;
-            initial.with_alpha(1.0 - share)
-        }
-        _ => initial,
-    }
+    let n = nranks as f64;
+    let scale = match key.op {
+        _ if nranks <= 2 => return initial,
+        MpOp::AllReduce => n / (2.0 * (n - 1.0)),
+        MpOp::ReduceScatter | MpOp::Reduce => 1.0 / (n - 1.0),
+        _ => return initial,
+    };
+    initial.with_alpha(1.0 - (1.0 - initial.effective_alpha()) * scale)
 }
 
 /// Feeds the timings of completed calls to the parameter store (rank 0 then folds every
@@ -612,7 +615,9 @@ mod tests {
         let ar = OpKey::new(MpOp::AllReduce, 1 << 30, ampccl::DataType::F32);
         let ag = OpKey::new(MpOp::AllGather, 1 << 30, ampccl::DataType::F32);
         assert!((prior(&ar, 2, init).effective_alpha() - 0.9).abs() < 1e-6);
-        assert!((prior(&ar, 4, init).effective_alpha() - (1.0 - 0.1 / 3.0)).abs() < 1e-6);
+        let rs = OpKey::new(MpOp::ReduceScatter, 1 << 30, ampccl::DataType::F32);
+        assert!((prior(&ar, 4, init).effective_alpha() - (1.0 - 0.1 * 4.0 / 6.0)).abs() < 1e-6);
+        assert!((prior(&rs, 4, init).effective_alpha() - (1.0 - 0.1 / 3.0)).abs() < 1e-6);
         assert!((prior(&ag, 4, init).effective_alpha() - 0.9).abs() < 1e-6);
     }
 }

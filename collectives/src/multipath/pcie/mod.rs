@@ -43,7 +43,7 @@ pub use layout::{HeaderRef, Layout, RankStatus};
 use timing::TimingRing;
 pub use timing::{CallTiming, Timed};
 
-use crate::multipath::schedule::{ChunkFlags, Flag};
+use crate::multipath::schedule::{self, ChunkFlags, Flag};
 use crate::{Error, Result};
 
 /// Which collective, with its root where it has one.
@@ -255,18 +255,18 @@ impl PcieRank {
     pub unsafe fn enqueue(&mut self, op: &PcieOp, forked: Forked) -> Result<()> {
         let Forked { plan, timed } = forked;
         let _ctx = self.device.enter()?;
-        let first = self.next_chunk;
-        // Advance first: whatever happens below, this rank's chunk numbering stays the peers'.
-        self.next_chunk += plan.chunks as u64;
         let algo = algorithm(op.kind);
-        for c in 0..plan.chunks {
-            let g = first + c as u64;
-            let range = plan.range(c);
+        let steps = schedule::steps(self.next_chunk, plan.chunks, algo.rounds(self.nranks));
+        // Advance first: whatever happens below, this rank's step numbering stays the peers'.
+        self.next_chunk += steps.len() as u64;
+        for step in steps {
             let mut x = ChunkCtx {
                 rank: self,
                 op,
-                g,
-                range,
+                g: step.g,
+                after: step.after,
+                round: step.round,
+                range: plan.range(step.chunk),
                 piece_bytes: plan.piece_bytes,
             };
             // SAFETY: forwarded from the caller; the staging memory is the registered area.
@@ -343,9 +343,10 @@ struct ChunkPlan {
 impl ChunkPlan {
     fn new(op: &PcieOp, nranks: usize, slot_bytes: usize) -> Result<ChunkPlan> {
         let es = op.dtype.size();
-        let pieces = algorithm(op.kind).pieces(nranks);
+        let algo = algorithm(op.kind);
+        let pieces = algo.pieces(nranks);
         let piece_bytes = (slot_bytes / pieces) / 256 * 256;
-        let chunk_elems = piece_bytes / es;
+        let chunk_elems = piece_bytes / es * algo.parts(nranks);
         if chunk_elems == 0 {
             return Err(Error::InvalidArgument(format!(
                 "PCIe chunk of {slot_bytes} bytes cannot hold {pieces} pieces"
@@ -388,6 +389,14 @@ struct Chunk {
 trait PcieAlgorithm: Sync {
     /// Pieces each writer stages per chunk (its slot is split evenly between them).
     fn pieces(&self, nranks: usize) -> usize;
+    /// Parts each block's chunk is cut into ([`ChunkCtx::part`]), each at most a piece long.
+    fn parts(&self, _nranks: usize) -> usize {
+        1
+    }
+    /// Rounds per chunk ([`ChunkCtx::round`]; see [`schedule::steps`]).
+    fn rounds(&self, _nranks: usize) -> usize {
+        1
+    }
     /// Stages this rank's pieces ([`ChunkCtx::put`]).
     ///
     /// # Safety
@@ -410,16 +419,35 @@ fn algorithm(kind: PcieKind) -> &'static dyn PcieAlgorithm {
     }
 }
 
-/// The steps an algorithm composes for one chunk.
+/// The steps an algorithm composes for one round of one chunk.
+#[derive(Clone, Copy)]
 struct ChunkCtx<'a> {
     rank: &'a PcieRank,
     op: &'a PcieOp,
     g: u64,
+    after: Option<u64>,
+    round: usize,
     range: Chunk,
     piece_bytes: usize,
 }
 
 impl ChunkCtx<'_> {
+    /// Part `q` of `parts` of the chunk: equal runs of whole 256-byte units (the last ones
+    /// may be shorter or empty), so that every rank cuts the chunk the same way.
+    fn part(&self, q: usize, parts: usize) -> Self {
+        let unit = (256 / self.op.dtype.size()).max(1);
+        let per = self.range.elems.div_ceil(parts).div_ceil(unit) * unit;
+        let lo = (q * per).min(self.range.elems);
+        let hi = ((q + 1) * per).min(self.range.elems);
+        Self {
+            range: Chunk {
+                first: self.range.first + lo,
+                elems: hi - lo,
+            },
+            ..*self
+        }
+    }
+
     fn me(&self) -> usize {
         self.rank.rank
     }
@@ -452,6 +480,7 @@ impl ChunkCtx<'_> {
             me: self.me(),
             nranks: self.nranks(),
             slots: self.rank.area.layout.slots,
+            after: self.after,
         }
     }
 
@@ -505,6 +534,9 @@ impl ChunkCtx<'_> {
 
     /// Stages the chunk of device memory at `src` as this rank's piece `piece`.
     unsafe fn put(&self, piece: usize, src: u64) -> Result<()> {
+        if self.bytes() == 0 {
+            return Ok(());
+        }
         // SAFETY: the piece lies in this rank's slot of the registered area; the caller
         // guarantees `src`.
         unsafe {
@@ -518,6 +550,9 @@ impl ChunkCtx<'_> {
 
     /// Copies `writer`'s staged piece `piece` to device memory at `dst`.
     unsafe fn fetch(&self, writer: usize, piece: usize, dst: u64) -> Result<()> {
+        if self.bytes() == 0 {
+            return Ok(());
+        }
         // SAFETY: as `put`, directions swapped.
         unsafe {
             self.rank
