@@ -9,6 +9,9 @@ NCCL-only and the preloaded figures, and `compare.py` puts them side by side.
                  and their SHA-256 digests are written for a bitwise NCCL-only vs preload diff.
   --mode bench   busbw per size for the chosen collectives (CUDA-event timing, median of
                  repeats).
+  --mode fault   (with AMPCCL_INJECT_FAULT, see fault.sh) `--calls` allreduces of
+                 `--max-bytes`, each synchronised, then 5 s for PyTorch's watchdog to log the
+                 reported error.
 """
 import argparse, hashlib, json, os, statistics, sys, time
 
@@ -280,9 +283,22 @@ def converge(args, rank, world, dev):
                       f"  31-50 {statistics.median(r[30:50]):6.1f}  last 20 {statistics.median(r[-20:]):6.1f} GB/s", flush=True)
 
 
+def fault(args, rank, world, dev):
+    """`--calls` allreduces, each synchronised (all must complete), then 5 s for PyTorch's
+    watchdog to poll ncclCommGetAsyncError and log the reported error; then leaves at once (the
+    communicator is in error: no barrier or destroy)."""
+    x = torch.ones(args.max_bytes // 4, device=dev)
+    for _ in range(args.calls):
+        dist.all_reduce(x)
+        torch.cuda.synchronize()
+    print(f"fault: rank {rank} finished its {args.calls} calls", flush=True)
+    time.sleep(5)
+    os._exit(0)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--mode", choices=["check", "bench", "converge"], required=True)
+    p.add_argument("--mode", choices=["check", "bench", "converge", "fault"], required=True)
     p.add_argument("--calls", type=int, default=100)
     p.add_argument("--conv-sizes", default="268435456,1073741824")
     p.add_argument("--out", required=True)
@@ -300,7 +316,7 @@ def main():
     torch.cuda.set_device(dev)
     dist.init_process_group("nccl", device_id=dev)
     t0 = time.time()
-    failures = {"check": check, "bench": bench, "converge": converge}[args.mode](args, rank, world, dev)
+    failures = {"check": check, "bench": bench, "converge": converge, "fault": fault}[args.mode](args, rank, world, dev)
     dist.barrier()
     dist.destroy_process_group()
     if rank == 0:

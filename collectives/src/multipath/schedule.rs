@@ -18,7 +18,25 @@
 //! later round also waits `consumed[me] ≥ after + 1`, where `after` is the step of the round
 //! before: its own receive stream must have produced what it stages.
 //!
-//! Flag values are `g + 1` as 32-bit numbers, compared with `≥`: they wrap after 2³² chunks.
+//! Flag values are `g + 1` as 32-bit numbers. The GPU compares them cyclically
+//! (`cuStreamWaitValue32` with `GEQ` waits until `(i32)(flag − value) ≥ 0`, [`reached`]), so
+//! they may wrap: waiters are never 2³¹ steps apart. For the same reason a flag is released
+//! (every wait on it satisfied, after a failure) by moving it far ahead ([`released`]), not by
+//! setting it to `u32::MAX`.
+
+/// Whether a wait for `value` is satisfied by a flag holding `flag`, as the GPU decides it
+/// (`cuStreamWaitValue32`, `CU_STREAM_WAIT_VALUE_GEQ`: a cyclic comparison).
+pub fn reached(flag: u32, value: u32) -> bool {
+    flag.wrapping_sub(value) as i32 >= 0
+}
+
+/// The value that releases a flag holding `flag`: a quarter of the cycle ahead, so that every
+/// wait for a value up to 2³⁰ steps ahead of it (far more than any pipeline has outstanding) is
+/// satisfied, and no value a stream still writes afterwards (at most its outstanding steps
+/// ahead of `flag`) moves it back behind them.
+pub fn released(flag: u32) -> u32 {
+    flag.wrapping_add(1 << 30)
+}
 
 /// A flag of the staging area.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,5 +200,22 @@ mod tests {
         let single: Vec<_> = steps(0, 3, 1).iter().map(|s| (s.chunk, s.g)).collect();
         assert_eq!(single, vec![(0, 0), (1, 1), (2, 2)]);
         assert!(steps(0, 0, 2).is_empty());
+    }
+
+    #[test]
+    fn release_moves_a_flag_ahead_of_every_wait_even_across_the_wrap() {
+        for flag in [0u32, 7, 1 << 31, u32::MAX - 3] {
+            let r = released(flag);
+            for ahead in [0u32, 1, 1000, 1 << 20] {
+                assert!(
+                    reached(r, flag.wrapping_add(ahead)),
+                    "flag {flag} + {ahead}"
+                );
+            }
+            assert!(reached(r, flag.wrapping_sub(1000)));
+        }
+        // What the first release did: u32::MAX is *behind* small values for the GPU.
+        assert!(!reached(u32::MAX, 5));
+        assert!(reached(3, u32::MAX), "wrapped values count as ahead");
     }
 }

@@ -15,6 +15,7 @@
 //! | `AMPCCL_SLOTS` | `4` | staging slots per rank (pipeline depth) |
 //! | `AMPCCL_REPORT` | `0` | `1`: print each communicator's timed calls (split and NCCL-alone rows) at destroy |
 //! | `AMPCCL_LOG` | `warn` | log filter |
+//! | `AMPCCL_INJECT_FAULT` | unset | testing, `<rank>:<steps>`: the first split call's PCIe part on that rank of each communicator fails after that many pipeline steps |
 
 use std::sync::OnceLock;
 
@@ -30,6 +31,8 @@ pub struct Settings {
     pub rules: PlannerRules,
     pub chunk_bytes: usize,
     pub slots: usize,
+    /// `AMPCCL_INJECT_FAULT`: (rank, pipeline steps).
+    pub fault: Option<(usize, usize)>,
 }
 
 /// Whether the interposer is on (`AMPCCL_ENABLE`, read once; cheap afterwards).
@@ -73,6 +76,15 @@ impl Settings {
             },
             chunk_bytes: chunk,
             slots: size("AMPCCL_SLOTS", 4).clamp(2, 64),
+            fault: get("AMPCCL_INJECT_FAULT").and_then(|v| {
+                let parsed = v
+                    .split_once(':')
+                    .and_then(|(r, s)| Some((r.trim().parse().ok()?, s.trim().parse().ok()?)));
+                if parsed.is_none() {
+                    tracing::warn!("AMPCCL_INJECT_FAULT={v:?}: expected <rank>:<steps>; ignored");
+                }
+                parsed
+            }),
         }
     }
 }
@@ -125,6 +137,7 @@ mod tests {
             "AMPCCL_MIN_MSG_SIZE" => Some("1M".into()),
             "AMPCCL_CHUNK_SIZE" => Some("5000".into()),
             "AMPCCL_SLOTS" => Some("1".into()),
+            "AMPCCL_INJECT_FAULT" => Some("1:3".into()),
             _ => None,
         };
         let s = Settings::from_lookup(env);
@@ -133,6 +146,12 @@ mod tests {
         assert_eq!(s.rules.min_msg_bytes, 1 << 20);
         assert_eq!(s.chunk_bytes, 8192, "rounded up to pages");
         assert_eq!(s.slots, 2, "at least double buffering");
+        assert_eq!(
+            (Settings::from_lookup(|_| None).fault, s.fault),
+            (None, Some((1, 3)))
+        );
+        let fault = Settings::from_lookup(|k| (k == "AMPCCL_INJECT_FAULT").then(|| "x".into()));
+        assert_eq!(fault.fault, None, "unparsable: ignored");
         let bad = Settings::from_lookup(|k| (k == "AMPCCL_ALPHA").then(|| "2".to_string()));
         assert_eq!(bad.mp.algo, "bw");
         let algo = Settings::from_lookup(|k| (k == "AMPCCL_ALGO").then(|| "nonsense".to_string()));

@@ -25,6 +25,7 @@ use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
 use ampccl::multipath::pcie::{HeaderRef, HostArea, Layout, PcieRank, RankStatus};
+use ampccl::multipath::schedule;
 use ampccl::multipath::store::{Aggregator, Region, ShmParamStore};
 use ampccl_runtime::cuda::{self, Device};
 use ampccl_transport::shm::segment::Segment;
@@ -70,6 +71,10 @@ pub const WARMUP_CALLS: u32 = 2;
 
 /// Keys the parameter table of a domain can hold.
 const TABLE_ENTRIES: usize = 256;
+
+/// How long a rank whose PCIe part failed lets its enqueued work finish before it releases
+/// its flags (the peers' pipelines feed it, so this is reached only if a peer failed too).
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Domain {
     fn header(&self) -> HeaderRef<'_> {
@@ -145,14 +150,25 @@ impl Domain {
     /// After an abort: releases every stream waiting on this domain's flags, on every rank, so
     /// that no user stream stays blocked behind a PCIe part that will never complete.
     pub fn release_waiters(&self) {
+        (0..self.nranks).for_each(|r| self.release_flags(r));
+    }
+
+    /// Moves rank `r`'s flags far ahead ([`schedule::released`]): every wait on them is
+    /// satisfied, for this call's chunks and any later ones (the peers' pipelines then run
+    /// through with whatever is staged).
+    fn release_flags(&self, r: usize) {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        if !self.header().claim_release(r) {
+            return;
+        }
         let base = self.segment.as_ptr();
-        for r in 0..self.nranks {
-            for off in [self.layout.ready_off(r), self.layout.consumed_off(r)] {
-                // SAFETY: the flag words lie in the mapping, are 4-byte aligned and are only
-                // accessed atomically (by CPUs) or by GPUs through the registration.
-                let flag = unsafe { &*base.add(off).cast::<std::sync::atomic::AtomicU32>() };
-                flag.store(u32::MAX, std::sync::atomic::Ordering::Release);
-            }
+        for off in [self.layout.ready_off(r), self.layout.consumed_off(r)] {
+            // SAFETY: the flag words lie in the mapping, are 4-byte aligned and are only
+            // accessed atomically (by CPUs) or by GPUs through the registration.
+            let flag = unsafe { &*base.add(off).cast::<AtomicU32>() };
+            let _ = flag.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(schedule::released(v))
+            });
         }
     }
 }
@@ -382,7 +398,12 @@ impl CommState {
         };
         let header = self.domain.header();
         p.pcie = match outcome {
-            Ok(rank) => {
+            Ok(mut rank) => {
+                if let Some((r, steps)) = settings().fault
+                    && r == self.rank
+                {
+                    rank.inject_fault_after(steps);
+                }
                 header.set_status(self.rank, RankStatus::Ready);
                 Pcie::Ready {
                     rank: Box::new(rank),
@@ -419,18 +440,41 @@ impl CommState {
         PcieRank::new(area, device, self.rank, self.nranks).map_err(|e| e.to_string())
     }
 
-    /// Turns this rank's PCIe path off for good after a failure mid-call, and tells the peers
-    /// (their [`CommState::can_split`] sees the failed status): every rank is fast-only from
-    /// the next call on.
-    pub fn fail_pcie(&self, pcie: &mut Pcie, why: String) {
-        self.domain
-            .header()
-            .set_status(self.rank, RankStatus::Failed);
+    /// After this rank could not do its PCIe part of a split the ranks agreed on: turns its
+    /// path off for good and lets the peers go on. Whatever it enqueued is given up to
+    /// [`DRAIN_TIMEOUT`] to finish (its own flag writes must not land after the release), then
+    /// its flags are released, so no peer's stream waits for chunks that will never come, and
+    /// its status says `Broken`: every rank goes fast-only, and reports the failure through
+    /// `ncclCommGetAsyncError` (results of the calls in flight are undefined, as after any
+    /// asynchronous NCCL error; the application aborts the communicator).
+    pub fn break_pcie(&self, pcie: &mut Pcie, why: String) {
         tracing::error!(
             rank = self.rank,
-            "ampccl: PCIe path off for this communicator: {why}"
+            "ampccl: PCIe path off for this communicator, the call's result is undefined: {why}"
         );
-        *pcie = Pcie::Off(why);
+        let old = std::mem::replace(pcie, Pcie::Off(why));
+        let stuck = match &old {
+            Pcie::Ready { rank, .. } => !rank.drain(DRAIN_TIMEOUT),
+            _ => false,
+        };
+        self.domain.release_flags(self.rank);
+        self.domain
+            .header()
+            .set_status(self.rank, RankStatus::Broken);
+        if stuck {
+            // Its streams may never finish: dropping would wait for them.
+            tracing::warn!(
+                rank = self.rank,
+                "ampccl: PCIe streams still busy at release"
+            );
+            std::mem::forget(old);
+        }
+    }
+
+    /// The rank whose PCIe part failed during a call, if any (see [`CommState::break_pcie`]).
+    pub fn broken_rank(&self) -> Option<usize> {
+        let h = self.domain.header();
+        (0..self.nranks).find(|&r| h.status(r) == RankStatus::Broken)
     }
 
     /// Whether this rank can propose a split: set up here, every rank on this host and every
@@ -440,7 +484,11 @@ impl CommState {
             return false;
         };
         if *all_ready {
-            return true;
+            let Some(r) = self.broken_rank() else {
+                return true;
+            };
+            *pcie = Pcie::Off(format!("rank {r}'s PCIe part failed during a call"));
+            return false;
         }
         if !self.domain.all_local(self.nranks) {
             *pcie = Pcie::Off("ranks on other hosts".into());
@@ -451,8 +499,10 @@ impl CommState {
             return false;
         }
         let h = self.domain.header();
-        if let Some(r) = (0..self.nranks).find(|&r| h.status(r) == RankStatus::Failed) {
-            let why = format!("rank {r} could not set up its PCIe path");
+        if let Some(r) = (0..self.nranks)
+            .find(|&r| h.status(r) != RankStatus::Ready && h.status(r) != RankStatus::Unknown)
+        {
+            let why = format!("rank {r} could not set up or lost its PCIe path");
             tracing::info!(
                 rank = self.rank,
                 "ampccl: PCIe path off for this communicator: {why}"

@@ -3,8 +3,8 @@
 //! through pinned host memory. Results are the same; calls stay asynchronous.
 //!
 //! The library exports only the NCCL functions it must see — communicator creation and
-//! destruction (to know domains, ranks and devices), groups (to defer joins), and the five
-//! collectives — and leaves every other symbol to the real `libnccl.so.2` ([`real`]). Nothing
+//! destruction (to know domains, ranks and devices), groups (to defer joins), the five
+//! collectives, and `ncclCommGetAsyncError` (to report a failed PCIe part) — and leaves every other symbol to the real `libnccl.so.2` ([`real`]). Nothing
 //! runs at load time; the first intercepted call reads the settings ([`config`]) and finds
 //! NCCL. `AMPCCL_ENABLE=0` makes every hook a plain jump to NCCL.
 //!
@@ -283,6 +283,40 @@ pub unsafe extern "C" fn ncclCommAbort(comm: Comm) -> NcclResult {
         }
         // SAFETY: the application's argument, unchanged.
         call_real(|| unsafe { (real.abort)(comm) })
+    })
+}
+
+/// NCCL's own asynchronous error, else the failure of a rank's PCIe part during a call on this
+/// communicator's domain (`ncclUnhandledCudaError` on that rank, `ncclRemoteError` on the
+/// others): results of the calls in flight are undefined, and the application aborts the
+/// communicator as after any NCCL error (PyTorch's watchdog polls this).
+///
+/// # Safety
+/// NCCL's contract for `ncclCommGetAsyncError`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommGetAsyncError(
+    comm: Comm,
+    async_error: *mut NcclResult,
+) -> NcclResult {
+    with_real("ncclCommGetAsyncError", |real| {
+        // SAFETY: the application's arguments, unchanged.
+        let r = call_real(|| unsafe { (real.async_error)(comm, async_error) });
+        if r != nccl::SUCCESS || async_error.is_null() || passthrough() {
+            return r;
+        }
+        // SAFETY: NCCL wrote the out-parameter, which the application provided.
+        let slot = unsafe { &mut *async_error };
+        if *slot == nccl::SUCCESS
+            && let Some(st) = domain::lookup(comm)
+            && let Some(broken) = st.broken_rank()
+        {
+            *slot = if broken == st.rank {
+                nccl::UNHANDLED_CUDA_ERROR
+            } else {
+                nccl::REMOTE_ERROR
+            };
+        }
+        r
     })
 }
 

@@ -9,8 +9,10 @@ use ampccl::{DataType, ReduceOp};
 /// `ncclResult_t`.
 pub type NcclResult = c_int;
 pub const SUCCESS: NcclResult = 0;
+pub const UNHANDLED_CUDA_ERROR: NcclResult = 1;
 pub const SYSTEM_ERROR: NcclResult = 2;
 pub const INTERNAL_ERROR: NcclResult = 3;
+pub const REMOTE_ERROR: NcclResult = 6;
 pub const IN_PROGRESS: NcclResult = 7;
 
 /// `ncclComm_t`.
@@ -49,6 +51,7 @@ pub type InitAll = unsafe extern "C" fn(*mut Comm, c_int, *const c_int) -> NcclR
 pub type Split = unsafe extern "C" fn(Comm, c_int, c_int, *mut Comm, *mut c_void) -> NcclResult;
 pub type CommFn = unsafe extern "C" fn(Comm) -> NcclResult;
 pub type CommInt = unsafe extern "C" fn(Comm, *mut c_int) -> NcclResult;
+pub type AsyncError = unsafe extern "C" fn(Comm, *mut NcclResult) -> NcclResult;
 pub type GroupFn = unsafe extern "C" fn() -> NcclResult;
 pub type AllReduce = unsafe extern "C" fn(
     *const c_void,

@@ -242,15 +242,16 @@ impl Call {
         }
     }
 
-    /// The call on elements `start..start + len` of every block, through NCCL: NCCL's part of
-    /// a split call (`start` 0), or the PCIe part when it could not be enqueued.
+    /// NCCL's part of a split call: the call on elements `start..start + len` of every block.
+    /// An allgather also copies its own span into its block of the output (on `user`, through
+    /// `rank`'s device; without a PCIe rank the call is failing anyway and the copy is left).
     ///
     /// # Safety
     /// The application's buffers, as NCCL was given them; the span lies inside every block.
     unsafe fn part(
         &self,
         real: &Real,
-        rank: &PcieRank,
+        rank: Option<&PcieRank>,
         st: &CommState,
         (start, len, es): (usize, usize, usize),
         (comm, stream): (nccl::Comm, nccl::Stream),
@@ -271,12 +272,14 @@ impl Call {
                 } => {
                     let block = |p: usize| recv.cast::<u8>().add(p * count * es + off);
                     let mine = send.cast::<u8>().add(off).cast::<c_void>();
-                    let own = rank.copy_on(
-                        StreamRef::from_raw(stream),
-                        block(st.rank) as u64,
-                        mine as u64,
-                        len * es,
-                    );
+                    let own = rank.map_or(Ok(()), |rank| {
+                        rank.copy_on(
+                            StreamRef::from_raw(stream),
+                            block(st.rank) as u64,
+                            mine as u64,
+                            len * es,
+                        )
+                    });
                     if let Err(e) = own {
                         tracing::error!("ampccl: allgather local copy: {e}");
                         return nccl::INTERNAL_ERROR;
@@ -421,62 +424,53 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
         alpha = decision.alpha(),
         pcie = decision.use_pcie,
         "decision");
-    let Pcie::Ready { rank, .. } = &mut p.pcie else {
-        if decision.use_pcie {
-            tracing::error!(
-                "ampccl: the ranks agreed on a split this rank cannot make (call {index}); NCCL alone"
-            );
-        }
-        return full();
-    };
-    if !usable {
-        if decision.use_pcie {
-            tracing::error!(
-                "ampccl: the ranks agreed on a split while this rank's stream is being captured (call {index})"
-            );
-        }
-        return full();
-    }
     let split = if decision.use_pcie {
         s.rules.split(block, es, bytes, decision.alpha())
     } else {
         Split::fast_only(block)
+    };
+    let cannot = match &p.pcie {
+        _ if !split.uses_pcie() => None,
+        Pcie::Ready { .. } if usable => None,
+        Pcie::Ready { .. } => Some("its stream is being captured"),
+        Pcie::Pending | Pcie::Off(_) => Some("its PCIe path is off"),
+    };
+    if let Some(why) = cannot {
+        // NCCL still gets the part the ranks agreed on, so that the peers' NCCL parts find
+        // theirs; the failure is reported asynchronously (see `CommState::break_pcie`).
+        st.break_pcie(
+            &mut p.pcie,
+            format!("the ranks agreed on a split of call {index} this rank cannot make: {why}"),
+        );
+        // SAFETY: the buffers are the application's, sized as the collective implies.
+        return unsafe { call.part(real, None, &st, (0, split.fast, es), (comm, stream)) };
+    }
+    let Pcie::Ready { rank, .. } = &mut p.pcie else {
+        return full();
     };
     let mut done = Vec::new();
     // Every call is timed, those on NCCL alone too: they are the controller's reference.
     let timed = rank.time_call(user, index, split.uses_pcie(), &mut done);
     let r = if split.uses_pcie() {
         let pop = call.pcie_op(dtype, op, split.fast, split.pcie);
-        let forked = match rank.fork(&pop, user, timed) {
-            Ok(f) => f,
-            Err(e) => {
-                log_once(&format!("PCIe part failed, call done by NCCL alone: {e}"));
-                // The half-recorded timing is dropped when its slot is collected.
-                return full();
-            }
-        };
+        // The peers' pipelines already wait for this rank's chunks, and their NCCL parts for
+        // this rank's: a PCIe part that fails here cannot be redone by NCCL alone (NCCL's call
+        // sequence would differ between ranks). NCCL gets its part all the same, the path is
+        // broken for every rank, and the failure is reported asynchronously, as NCCL reports
+        // errors found after a call was enqueued (the half-recorded timing is dropped when its
+        // slot is collected).
+        let forked = rank.fork(&pop, user, timed);
         // NCCL's part first, so that its kernels run while the host enqueues the pipeline.
         // SAFETY: the buffers are the application's, sized as the collective implies.
-        let r = unsafe { call.part(real, rank, &st, (0, split.fast, es), (comm, stream)) };
+        let r = unsafe { call.part(real, Some(rank), &st, (0, split.fast, es), (comm, stream)) };
         // SAFETY: as above.
-        if let Err(e) = unsafe { rank.enqueue(&pop, forked) } {
-            // SAFETY: as above.
-            let rest = unsafe {
-                call.part(
-                    real,
-                    rank,
-                    &st,
-                    (split.fast, split.pcie, es),
-                    (comm, stream),
-                )
-            };
-            // Part of the pipeline may be enqueued, the peers' halves wait on it: no more
-            // splits on this communicator, on any rank.
-            st.fail_pcie(
+        let enqueued = forked.and_then(|f| unsafe { rank.enqueue(&pop, f) });
+        if let Err(e) = enqueued {
+            st.break_pcie(
                 &mut p.pcie,
-                format!("the PCIe part failed, done by NCCL: {e}"),
+                format!("the PCIe part of call {index} failed: {e}"),
             );
-            return if r == nccl::SUCCESS { rest } else { r };
+            return r;
         }
         r
     } else {

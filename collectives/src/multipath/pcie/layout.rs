@@ -18,7 +18,7 @@ use crate::{Error, Result};
 /// Most ranks of one domain on one host.
 pub const MAX_RANKS: usize = 64;
 const MAGIC: u64 = u64::from_le_bytes(*b"ampcPCIe");
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const PAGE: usize = 4096;
 const LINE: usize = 64;
 
@@ -31,6 +31,9 @@ pub enum RankStatus {
     Ready = 1,
     /// Set-up failed: the domain must stay fast-only.
     Failed = 2,
+    /// The rank's PCIe part failed during a call: it released its flags, so calls in flight on
+    /// the domain have undefined results, and the domain stays fast-only.
+    Broken = 3,
 }
 
 /// Offsets of the shared area for one domain (`nranks` is its capacity: communicators split
@@ -57,6 +60,8 @@ struct Header {
     arrivals: AtomicU32,
     store: AtomicU32,
     status: [AtomicU32; MAX_RANKS],
+    /// Whether a rank's flags were released (see [`HeaderRef::claim_release`]).
+    released: [AtomicU32; MAX_RANKS],
 }
 
 const _: () = assert!(size_of::<Header>() <= PAGE);
@@ -207,11 +212,19 @@ impl<'a> HeaderRef<'a> {
         self.h.status[rank].store(s as u32, Ordering::Release);
     }
 
+    /// Claims the release of `rank`'s flags: exactly one caller, in any process, gets `true`
+    /// (a flag released twice would move a whole half cycle ahead, which the GPU's cyclic
+    /// comparison reads as behind).
+    pub fn claim_release(&self, rank: usize) -> bool {
+        self.h.released[rank].swap(1, Ordering::AcqRel) == 0
+    }
+
     /// `rank`'s published status.
     pub fn status(&self, rank: usize) -> RankStatus {
         match self.h.status[rank].load(Ordering::Acquire) {
             1 => RankStatus::Ready,
             2 => RankStatus::Failed,
+            3 => RankStatus::Broken,
             _ => RankStatus::Unknown,
         }
     }
@@ -248,5 +261,8 @@ mod tests {
         assert_eq!(h.status(1), RankStatus::Unknown);
         h.set_status(1, RankStatus::Ready);
         assert_eq!(h.status(1), RankStatus::Ready);
+        h.set_status(1, RankStatus::Broken);
+        assert_eq!(h.status(1), RankStatus::Broken);
+        assert!(h.claim_release(1) && !h.claim_release(1) && h.claim_release(0));
     }
 }

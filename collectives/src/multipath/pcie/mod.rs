@@ -120,6 +120,8 @@ pub struct PcieRank {
     nranks: usize,
     area: Arc<HostArea>,
     next_chunk: u64,
+    /// Fault injection: the next [`PcieRank::enqueue`] fails after this many steps.
+    fault_after: Option<usize>,
     res: std::mem::ManuallyDrop<Resources>,
     device: Device,
 }
@@ -177,6 +179,7 @@ impl PcieRank {
             rank,
             nranks,
             next_chunk: 0,
+            fault_after: None,
             area,
             res: std::mem::ManuallyDrop::new(res),
             device,
@@ -205,6 +208,33 @@ impl PcieRank {
         let _ctx = self.device.enter()?;
         // SAFETY: forwarded from the caller.
         unsafe { user.copy_dtod(dst, src, bytes) }
+    }
+
+    /// Makes the next [`PcieRank::enqueue`] fail after enqueuing `steps` pipeline steps, as a
+    /// driver error in the middle of a pipeline would (testing the failure path on GPUs).
+    pub fn inject_fault_after(&mut self, steps: usize) {
+        self.fault_after = Some(steps);
+    }
+
+    /// Waits up to `timeout` for the side streams to run everything enqueued so far; whether
+    /// they did.
+    pub fn drain(&self, timeout: std::time::Duration) -> bool {
+        let Ok(_ctx) = self.device.enter() else {
+            return false;
+        };
+        let start = std::time::Instant::now();
+        loop {
+            let idle = [self.res.send.handle(), self.res.recv.handle()]
+                .iter()
+                .all(|s| s.is_idle().unwrap_or(true));
+            if idle {
+                return true;
+            }
+            if start.elapsed() >= timeout {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
     }
 
     /// Blocks until the side streams have run everything enqueued so far.
@@ -259,7 +289,13 @@ impl PcieRank {
         let steps = schedule::steps(self.next_chunk, plan.chunks, algo.rounds(self.nranks));
         // Advance first: whatever happens below, this rank's step numbering stays the peers'.
         self.next_chunk += steps.len() as u64;
-        for step in steps {
+        for (i, step) in steps.into_iter().enumerate() {
+            if self.fault_after == Some(i) {
+                self.fault_after = None;
+                return Err(Error::System(format!(
+                    "injected fault after {i} pipeline steps"
+                )));
+            }
             let mut x = ChunkCtx {
                 rank: self,
                 op,

@@ -79,6 +79,8 @@ int pncclCommDestroy(ncclComm_t comm) { rec("CommDestroy rank=%d", comm->rank); 
 int ncclCommDestroy(ncclComm_t) ALIAS(ncclCommDestroy);
 int pncclCommAbort(ncclComm_t comm) { rec("CommAbort rank=%d", comm->rank); free(comm); return 0; }
 int ncclCommAbort(ncclComm_t) ALIAS(ncclCommAbort);
+int pncclCommGetAsyncError(ncclComm_t comm, int *e) { rec("CommGetAsyncError rank=%d", comm->rank); *e = 0; return 0; }
+int ncclCommGetAsyncError(ncclComm_t, int *) ALIAS(ncclCommGetAsyncError);
 int pncclCommCuDevice(ncclComm_t comm, int *dev) { *dev = comm->dev; return 0; }
 int ncclCommCuDevice(ncclComm_t, int *) ALIAS(ncclCommCuDevice);
 int pncclCommUserRank(ncclComm_t comm, int *r) { *r = comm->rank; return 0; }

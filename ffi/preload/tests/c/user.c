@@ -13,6 +13,7 @@ int ncclCommInitAll(ncclComm_t *, int, const int *);
 int ncclCommSplit(ncclComm_t, int, int, ncclComm_t *, void *);
 int ncclCommDestroy(ncclComm_t);
 int ncclCommAbort(ncclComm_t);
+int ncclCommGetAsyncError(ncclComm_t, int *);
 int ncclGroupStart(void);
 int ncclGroupEnd(void);
 int ncclAllReduce(const void *, void *, size_t, int, int, ncclComm_t, void *);
@@ -43,6 +44,9 @@ int user_run(void) {
   CHECK(ncclAllReduce(NULL, NULL, big, 7, 0, all[0], NULL));
   CHECK(ncclAllReduce(NULL, NULL, big, 7, 0, all[1], NULL));
   CHECK(ncclGroupEnd());
+  int async_error = -1;
+  CHECK(ncclCommGetAsyncError(c, &async_error));
+  CHECK(async_error);
   CHECK(ncclCommDestroy(sub));
   CHECK(ncclCommDestroy(all[0]));
   CHECK(ncclCommAbort(all[1]));
