@@ -32,8 +32,9 @@ pub fn reached(flag: u32, value: u32) -> bool {
 
 /// The value that releases a flag holding `flag`: a quarter of the cycle ahead, so that every
 /// wait for a value up to 2³⁰ steps ahead of it (far more than any pipeline has outstanding) is
-/// satisfied, and no value a stream still writes afterwards (at most its outstanding steps
-/// ahead of `flag`) moves it back behind them.
+/// satisfied. A stream's flag write overwrites the word, so the release must be the last write:
+/// enqueued on the rank's own streams after its steps, or written by the host only when those
+/// streams write no more.
 pub fn released(flag: u32) -> u32 {
     flag.wrapping_add(1 << 30)
 }

@@ -72,10 +72,6 @@ pub const WARMUP_CALLS: u32 = 2;
 /// Keys the parameter table of a domain can hold.
 const TABLE_ENTRIES: usize = 256;
 
-/// How long a rank whose PCIe part failed lets its enqueued work finish before it releases
-/// its flags (the peers' pipelines feed it, so this is reached only if a peer failed too).
-const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
-
 impl Domain {
     fn header(&self) -> HeaderRef<'_> {
         // SAFETY: the segment is page-aligned, at least `layout.total()` long, lives as long as
@@ -153,22 +149,31 @@ impl Domain {
         (0..self.nranks).for_each(|r| self.release_flags(r));
     }
 
-    /// Moves rank `r`'s flags far ahead ([`schedule::released`]): every wait on them is
-    /// satisfied, for this call's chunks and any later ones (the peers' pipelines then run
-    /// through with whatever is staged).
+    /// The flag word at `off` of the mapping.
+    fn flag(&self, off: usize) -> &std::sync::atomic::AtomicU32 {
+        // SAFETY: flag offsets lie in the mapping, are 4-byte aligned, and the words are only
+        // accessed atomically (by CPUs) or by GPUs through the registration.
+        unsafe { &*self.segment.as_ptr().add(off).cast() }
+    }
+
+    /// The value rank `r`'s flags are released to ([`HeaderRef::release_target`]): far ahead
+    /// ([`schedule::released`]) of where its send stream is now, so that every wait of every
+    /// peer, for the calls in flight and any later ones, is satisfied.
+    pub fn release_target(&self, r: usize) -> u32 {
+        let now = self
+            .flag(self.layout.ready_off(r))
+            .load(std::sync::atomic::Ordering::Acquire);
+        self.header().release_target(r, schedule::released(now))
+    }
+
+    /// Releases rank `r`'s flags from the host, now. Only for a rank whose streams will write
+    /// no more (aborted, or unable to enqueue anything): a stream write queued earlier would
+    /// move the flag back ([`PcieRank::release_flags`] releases in stream order).
     fn release_flags(&self, r: usize) {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        if !self.header().claim_release(r) {
-            return;
-        }
-        let base = self.segment.as_ptr();
+        let target = self.release_target(r);
         for off in [self.layout.ready_off(r), self.layout.consumed_off(r)] {
-            // SAFETY: the flag words lie in the mapping, are 4-byte aligned and are only
-            // accessed atomically (by CPUs) or by GPUs through the registration.
-            let flag = unsafe { &*base.add(off).cast::<AtomicU32>() };
-            let _ = flag.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
-                Some(schedule::released(v))
-            });
+            self.flag(off)
+                .store(target, std::sync::atomic::Ordering::Release);
         }
     }
 }
@@ -229,8 +234,43 @@ pub enum Pcie {
         rank: Box<PcieRank>,
         all_ready: bool,
     },
-    /// Fast-only, for the reason given (logged once).
-    Off(String),
+    /// Fast-only, for the reason given (logged once). `retired`: the resources of a path that
+    /// was on, kept until the communicator is destroyed (their streams may still run calls in
+    /// flight, which may wait for peers whose host has not issued them yet: dropping them here
+    /// would block this thread on those peers).
+    Off {
+        why: String,
+        retired: Option<Box<PcieRank>>,
+    },
+}
+
+impl Pcie {
+    /// Off for `why`, never having been on.
+    pub fn off(why: String) -> Pcie {
+        Pcie::Off { why, retired: None }
+    }
+
+    /// Turns the path off for `why`, keeping its resources (see [`Pcie::Off`]).
+    pub fn turn_off(&mut self, why: String) {
+        let retired = match std::mem::replace(self, Pcie::Pending) {
+            Pcie::Ready { rank, .. } => Some(rank),
+            Pcie::Off { retired, .. } => retired,
+            Pcie::Pending => None,
+        };
+        *self = Pcie::Off { why, retired };
+    }
+
+    /// The PCIe resources, on or retired.
+    pub fn rank(&self) -> Option<&PcieRank> {
+        match self {
+            Pcie::Ready { rank, .. }
+            | Pcie::Off {
+                retired: Some(rank),
+                ..
+            } => Some(rank),
+            _ => None,
+        }
+    }
 }
 
 /// What a communicator's calls need under its lock.
@@ -416,7 +456,7 @@ impl CommState {
                     rank = self.rank,
                     "ampccl: PCIe path off for this communicator: {why}"
                 );
-                Pcie::Off(why)
+                Pcie::off(why)
             }
         };
     }
@@ -441,33 +481,34 @@ impl CommState {
     }
 
     /// After this rank could not do its PCIe part of a split the ranks agreed on: turns its
-    /// path off for good and lets the peers go on. Whatever it enqueued is given up to
-    /// [`DRAIN_TIMEOUT`] to finish (its own flag writes must not land after the release), then
-    /// its flags are released, so no peer's stream waits for chunks that will never come, and
-    /// its status says `Broken`: every rank goes fast-only, and reports the failure through
+    /// path off for good and releases its flags after whatever it enqueued (in stream order,
+    /// [`PcieRank::release_flags`]; from the host when it has no streams or they fail), so no
+    /// peer's stream waits for chunks that will never come. Unless another rank broke first,
+    /// its status says `Broken`: every rank goes fast-only and reports the failure through
     /// `ncclCommGetAsyncError` (results of the calls in flight are undefined, as after any
-    /// asynchronous NCCL error; the application aborts the communicator).
+    /// asynchronous NCCL error; the application aborts the communicator). Never waits.
     pub fn break_pcie(&self, pcie: &mut Pcie, why: String) {
         tracing::error!(
             rank = self.rank,
             "ampccl: PCIe path off for this communicator, the call's result is undefined: {why}"
         );
-        let old = std::mem::replace(pcie, Pcie::Off(why));
-        let stuck = match &old {
-            Pcie::Ready { rank, .. } => !rank.drain(DRAIN_TIMEOUT),
-            _ => false,
-        };
-        self.domain.release_flags(self.rank);
-        self.domain
-            .header()
-            .set_status(self.rank, RankStatus::Broken);
-        if stuck {
-            // Its streams may never finish: dropping would wait for them.
-            tracing::warn!(
-                rank = self.rank,
-                "ampccl: PCIe streams still busy at release"
-            );
-            std::mem::forget(old);
+        pcie.turn_off(why);
+        let target = self.domain.release_target(self.rank);
+        match pcie.rank().map(|r| r.release_flags(target)) {
+            Some(Ok(())) => {}
+            Some(Err(e)) => {
+                tracing::warn!(
+                    rank = self.rank,
+                    "ampccl: releasing the flags in stream order: {e}"
+                );
+                self.domain.release_flags(self.rank);
+            }
+            None => self.domain.release_flags(self.rank),
+        }
+        if self.broken_rank().is_none() {
+            self.domain
+                .header()
+                .set_status(self.rank, RankStatus::Broken);
         }
     }
 
@@ -487,11 +528,11 @@ impl CommState {
             let Some(r) = self.broken_rank() else {
                 return true;
             };
-            *pcie = Pcie::Off(format!("rank {r}'s PCIe part failed during a call"));
+            pcie.turn_off(format!("rank {r}'s PCIe part failed during a call"));
             return false;
         }
         if !self.domain.all_local(self.nranks) {
-            *pcie = Pcie::Off("ranks on other hosts".into());
+            pcie.turn_off("ranks on other hosts".into());
             tracing::info!(
                 rank = self.rank,
                 "ampccl: PCIe path off for this communicator: ranks on other hosts"
@@ -507,7 +548,7 @@ impl CommState {
                 rank = self.rank,
                 "ampccl: PCIe path off for this communicator: {why}"
             );
-            *pcie = Pcie::Off(why);
+            pcie.turn_off(why);
             return false;
         }
         *all_ready = self.domain.all_ready(self.nranks);

@@ -4,9 +4,10 @@
 //!
 //! The library exports only the NCCL functions it must see — communicator creation and
 //! destruction (to know domains, ranks and devices), groups (to defer joins), the five
-//! collectives, and `ncclCommGetAsyncError` (to report a failed PCIe part) — and leaves every other symbol to the real `libnccl.so.2` ([`real`]). Nothing
-//! runs at load time; the first intercepted call reads the settings ([`config`]) and finds
-//! NCCL. `AMPCCL_ENABLE=0` makes every hook a plain jump to NCCL.
+//! collectives, and `ncclCommGetAsyncError` (to report a failed PCIe part) — and leaves every
+//! other symbol to the real `libnccl.so.2` ([`real`]). Nothing runs at load time; the first
+//! intercepted call reads the settings ([`config`]) and finds NCCL. `AMPCCL_ENABLE=0` makes
+//! every hook a plain jump to NCCL.
 //!
 //! - [`guard`]: re-entry guard, group depth, deferred work, panic boundary;
 //! - [`domain`]: domains (per unique id; host identity by arrival) and communicators;

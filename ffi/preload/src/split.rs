@@ -433,7 +433,7 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
         _ if !split.uses_pcie() => None,
         Pcie::Ready { .. } if usable => None,
         Pcie::Ready { .. } => Some("its stream is being captured"),
-        Pcie::Pending | Pcie::Off(_) => Some("its PCIe path is off"),
+        Pcie::Pending | Pcie::Off { .. } => Some("its PCIe path is off"),
     };
     if let Some(why) = cannot {
         // NCCL still gets the part the ranks agreed on, so that the peers' NCCL parts find
@@ -470,7 +470,12 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
                 &mut p.pcie,
                 format!("the PCIe part of call {index} failed: {e}"),
             );
-            return r;
+            // The user's stream still waits for what was enqueued (it writes the output), and
+            // for the release after it.
+            return match join_now_or_later(&p.pcie, comm, stream) {
+                nccl::SUCCESS => r,
+                e => e,
+            };
         }
         r
     } else {
@@ -488,15 +493,31 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
     if !split.uses_pcie() {
         return r;
     }
+    match join_now_or_later(&p.pcie, comm, stream) {
+        nccl::SUCCESS => r,
+        e => e,
+    }
+}
+
+/// Makes `stream` wait for the PCIe part's side streams, at once or, inside a group, at its
+/// end ([`join_deferred`]).
+fn join_now_or_later(pcie: &Pcie, comm: nccl::Comm, stream: nccl::Stream) -> NcclResult {
     if guard::in_group() {
         guard::defer(Deferred::Join(comm, stream));
-    } else if let Pcie::Ready { rank, .. } = &p.pcie
-        && let Err(e) = rank.join(user)
+        return nccl::SUCCESS;
+    }
+    join(pcie, stream)
+}
+
+/// Makes `stream` wait for the side streams of `pcie` (on or retired).
+fn join(pcie: &Pcie, stream: nccl::Stream) -> NcclResult {
+    if let Some(rank) = pcie.rank()
+        && let Err(e) = rank.join(StreamRef::from_raw(stream))
     {
         tracing::error!("ampccl: joining the PCIe part failed: {e}");
         return nccl::INTERNAL_ERROR;
     }
-    r
+    nccl::SUCCESS
 }
 
 /// The first split of a key the table does not hold yet (adaptive controllers): the
@@ -580,14 +601,7 @@ pub fn join_deferred(comm: nccl::Comm, stream: nccl::Stream) -> NcclResult {
     let Some(st) = domain::lookup(comm) else {
         return nccl::SUCCESS;
     };
-    let p = st.lock();
-    if let Pcie::Ready { rank, .. } = &p.pcie
-        && let Err(e) = rank.join(StreamRef::from_raw(stream))
-    {
-        tracing::error!("ampccl: joining the PCIe part failed: {e}");
-        return nccl::INTERNAL_ERROR;
-    }
-    nccl::SUCCESS
+    join(&st.lock().pcie, stream)
 }
 
 fn log_once(msg: &str) {

@@ -129,15 +129,6 @@ impl StreamRef {
         )
     }
 
-    /// Whether the stream has run everything enqueued on it (never blocks).
-    pub fn is_idle(self) -> Result<bool> {
-        // SAFETY: the handle is live.
-        match unsafe { sys::cuStreamQuery(self.0) } {
-            sys::CUresult::CUDA_ERROR_NOT_READY => Ok(false),
-            r => check(r, "cuStreamQuery").map(|()| true),
-        }
-    }
-
     /// Blocks until the stream is idle (tests and tools; the library never syncs a stream).
     pub fn synchronize(self) -> Result<()> {
         // SAFETY: the handle is live.

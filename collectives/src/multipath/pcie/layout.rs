@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! 0            header (one page): magic, version, nranks, slots, slot_bytes, total length,
-//!              arrivals, status[MAX_RANKS]
+//!              arrivals, parameter-store state, status[MAX_RANKS], released[MAX_RANKS]
 //! flags_off    ready[r], consumed[r]  — one 32-bit flag per 64-byte line, written by GPUs
 //! data_off     slot s, writer w: data_off + (s * nranks + w) * slot_bytes   (s < slots)
 //! ```
@@ -60,8 +60,9 @@ struct Header {
     arrivals: AtomicU32,
     store: AtomicU32,
     status: [AtomicU32; MAX_RANKS],
-    /// Whether a rank's flags were released (see [`HeaderRef::claim_release`]).
-    released: [AtomicU32; MAX_RANKS],
+    /// The value a rank's flags are released to, once fixed (bit 32 set; see
+    /// [`HeaderRef::release_target`]).
+    released: [AtomicU64; MAX_RANKS],
 }
 
 const _: () = assert!(size_of::<Header>() <= PAGE);
@@ -212,11 +213,16 @@ impl<'a> HeaderRef<'a> {
         self.h.status[rank].store(s as u32, Ordering::Release);
     }
 
-    /// Claims the release of `rank`'s flags: exactly one caller, in any process, gets `true`
-    /// (a flag released twice would move a whole half cycle ahead, which the GPU's cyclic
-    /// comparison reads as behind).
-    pub fn claim_release(&self, rank: usize) -> bool {
-        self.h.released[rank].swap(1, Ordering::AcqRel) == 0
+    /// The value `rank`'s flags are released to: `proposed` if this is the first release (in any
+    /// process), else the value the first one fixed, so that releasing again, from the host or
+    /// from a stream, writes the same value (moving a flag ahead twice could take it a half
+    /// cycle ahead, which the GPU's cyclic comparison reads as behind).
+    pub fn release_target(&self, rank: usize, proposed: u32) -> u32 {
+        let set = (1u64 << 32) | u64::from(proposed);
+        match self.h.released[rank].compare_exchange(0, set, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => proposed,
+            Err(fixed) => fixed as u32,
+        }
     }
 
     /// `rank`'s published status.
@@ -263,6 +269,9 @@ mod tests {
         assert_eq!(h.status(1), RankStatus::Ready);
         h.set_status(1, RankStatus::Broken);
         assert_eq!(h.status(1), RankStatus::Broken);
-        assert!(h.claim_release(1) && !h.claim_release(1) && h.claim_release(0));
+        assert_eq!(h.release_target(1, 7), 7);
+        assert_eq!(h.release_target(1, 9), 7, "fixed by the first release");
+        assert_eq!(h.release_target(0, 0), 0);
+        assert_eq!(h.release_target(0, 5), 0, "zero is a value like any other");
     }
 }

@@ -1,13 +1,14 @@
 //! The PCIe path: collectives between the GPUs of one host through pinned shared host memory,
 //! driven entirely by CUDA streams (no host thread takes part once the work is enqueued).
 //!
-//! Each rank has two side streams. Per pipeline chunk `g` (numbered across all operations of
-//! the domain, identically on every rank; staging slot `g % slots`), following
-//! [`crate::multipath::schedule`] (loom-checked):
+//! Each rank has two side streams. An operation is cut into chunks, and each chunk takes one
+//! or more rounds (allreduce on more than 2 GPUs: two); every round is a pipeline step `g`,
+//! numbered across all operations of the domain, identically on every rank, in the order
+//! [`crate::multipath::schedule::steps`] gives (staging slot `g % slots`; loom-checked):
 //!
 //! ```text
-//! send stream:  wait consumed[q] >= g+1-slots (all q ≠ me)  → D2H my pieces into my slot
-//!               → ready[me] = g+1
+//! send stream:  wait consumed[q] >= g+1-slots (all q ≠ me), and consumed[me] >= after+1 for a
+//!               later round  → D2H my pieces into my slot → ready[me] = g+1
 //! recv stream:  wait ready[p] >= g+1 (every p, me included)  → H2D peers' pieces
 //!               (into the output, or into scratch + reduction kernel) → consumed[me] = g+1
 //! ```
@@ -119,7 +120,7 @@ pub struct PcieRank {
     rank: usize,
     nranks: usize,
     area: Arc<HostArea>,
-    next_chunk: u64,
+    next_step: u64,
     /// Fault injection: the next [`PcieRank::enqueue`] fails after this many steps.
     fault_after: Option<usize>,
     res: std::mem::ManuallyDrop<Resources>,
@@ -178,7 +179,7 @@ impl PcieRank {
         Ok(PcieRank {
             rank,
             nranks,
-            next_chunk: 0,
+            next_step: 0,
             fault_after: None,
             area,
             res: std::mem::ManuallyDrop::new(res),
@@ -210,30 +211,30 @@ impl PcieRank {
         unsafe { user.copy_dtod(dst, src, bytes) }
     }
 
-    /// Makes the next [`PcieRank::enqueue`] fail after enqueuing `steps` pipeline steps, as a
-    /// driver error in the middle of a pipeline would (testing the failure path on GPUs).
+    /// Makes the first [`PcieRank::enqueue`] of more than `steps` pipeline steps fail after
+    /// enqueuing `steps` of them, as a driver error in the middle of a pipeline would (testing
+    /// the failure path on GPUs).
     pub fn inject_fault_after(&mut self, steps: usize) {
         self.fault_after = Some(steps);
     }
 
-    /// Waits up to `timeout` for the side streams to run everything enqueued so far; whether
-    /// they did.
-    pub fn drain(&self, timeout: std::time::Duration) -> bool {
-        let Ok(_ctx) = self.device.enter() else {
-            return false;
-        };
-        let start = std::time::Instant::now();
-        loop {
-            let idle = [self.res.send.handle(), self.res.recv.handle()]
-                .iter()
-                .all(|s| s.is_idle().unwrap_or(true));
-            if idle {
-                return true;
-            }
-            if start.elapsed() >= timeout {
-                return false;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
+    /// Releases this rank's flags in stream order: after everything enqueued so far, the send
+    /// stream sets `ready[me]` and the receive stream `consumed[me]` to `value` (see
+    /// [`schedule::released`]), so no later write of this rank's own steps can move them back.
+    /// After it, this rank must enqueue no more steps.
+    pub fn release_flags(&self, value: u32) -> Result<()> {
+        let _ctx = self.device.enter()?;
+        let l = &self.area.layout;
+        // SAFETY: both flags lie in the registered area.
+        unsafe {
+            self.res
+                .send
+                .handle()
+                .write_flag(self.area.flag(l.ready_off(self.rank)), value)?;
+            self.res
+                .recv
+                .handle()
+                .write_flag(self.area.flag(l.consumed_off(self.rank)), value)
         }
     }
 
@@ -286,9 +287,9 @@ impl PcieRank {
         let Forked { plan, timed } = forked;
         let _ctx = self.device.enter()?;
         let algo = algorithm(op.kind);
-        let steps = schedule::steps(self.next_chunk, plan.chunks, algo.rounds(self.nranks));
+        let steps = schedule::steps(self.next_step, plan.chunks, algo.rounds(self.nranks));
         // Advance first: whatever happens below, this rank's step numbering stays the peers'.
-        self.next_chunk += steps.len() as u64;
+        self.next_step += steps.len() as u64;
         for (i, step) in steps.into_iter().enumerate() {
             if self.fault_after == Some(i) {
                 self.fault_after = None;

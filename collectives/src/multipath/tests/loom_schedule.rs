@@ -1,17 +1,17 @@
 //! Loom model of the PCIe pipeline's flag schedule ([`crate::multipath::schedule`]): two
-//! ranks, each with a send and a receive "stream" (threads here), a pipeline two slots deep and
-//! three chunks, so that a slot is reused; and the same with two chunks of two rounds, where
-//! the second round stages what the rank's own receive stream produced in the first (a local
-//! cell per chunk: staging it before it is written is a race loom reports). Staged data lives in loom cells: a receiver reading a
-//! slot while its writer stages the next chunk into it is a data race loom reports, and a
-//! receiver reading the wrong chunk fails the value check. Flags are a mutex-protected table
-//! with a condition variable (a stream's wait blocks rather than spins, which keeps the model
-//! finite); like the GPU's stream memory operations, a flag write publishes what was staged
-//! before it and a satisfied wait sees it. A rank reads its peers' pieces only
-//! (its own data it takes from its device): the schedule lets its own next chunk be staged
-//! while it still reads the current one, and the model confirms that reading its own piece
-//! would race. Flags behave like the GPU's stream
-//! memory operations: writes publish (release) everything staged before them, waits acquire.
+//! ranks, each with a send and a receive "stream" (threads here), a pipeline two slots deep.
+//! Two models: three chunks of one round, so that a slot is reused; and two chunks of two
+//! rounds, where the second round stages what the rank's own receive stream produced in the
+//! first (a local cell per chunk: staging it before it is written is a race loom reports).
+//!
+//! Staged data lives in loom cells: a receiver reading a slot while its writer stages the next
+//! chunk into it is a data race loom reports, and a receiver reading the wrong chunk fails the
+//! value check. Flags are a mutex-protected table with a condition variable (a stream's wait
+//! blocks rather than spins, which keeps the model finite). Like the GPU's stream memory
+//! operations, a flag write publishes (releases) everything staged before it, and a satisfied
+//! wait sees it (acquires). A rank reads its peers' pieces only (its own data it takes from its
+//! device): the schedule lets its own next chunk be staged while it still reads the current
+//! one, and the model confirms that reading its own piece would race.
 
 use loom::cell::UnsafeCell;
 use loom::sync::{Arc, Condvar, Mutex};
