@@ -30,8 +30,12 @@ use crate::resource::{AlgResourceResponse, BufKind, MAIN, Mem};
 /// broadcast -b 1M -e 64M -f 4 -n 20 -w 5`): 4 MiB 350–362 µs against 361–401, 16 MiB
 /// 1395–1403 µs against 1422–1430, 64 MiB (chunks capped by the slot either way) unchanged.
 pub const PIPELINE_DEPTH: usize = 16;
-/// Smallest chunk a chain pipeline cuts (below, per-chunk costs dominate).
-pub const MIN_PIPELINE_CHUNK: usize = 262144;
+/// Smallest chunk a chain pipeline cuts (below, per-chunk costs dominate). 128 KiB since the
+/// eager protocol and inline execution cut per-chunk costs: 2 ranks in place, 4 alternated runs
+/// (`ampccl-perf -g 2 -o broadcast -b 512K -e 1M -f 2 -n 1000 -w 50`), busbw at 1 MiB 14.1–14.4
+/// GB/s against 12.5–13.4 with 256 KiB, at 512 KiB 12.1–13.2 against 11.0–11.6; reduce at 1 MiB
+/// 15.3 against 8.2–13.8. 64 KiB chunks were slower than both (1 MiB broadcast 105–110 µs).
+pub const MIN_PIPELINE_CHUNK: usize = 131072;
 
 /// The two alternating receive slots: halves of the CCL input buffer, whole elements each.
 #[derive(Clone, Copy, Debug)]
