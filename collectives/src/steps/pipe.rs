@@ -71,6 +71,16 @@ impl Slots {
         }
     }
 
+    /// A `bytes`-byte message as one chunk (none when empty), for a relay whose chunks land
+    /// in user memory rather than in a slot.
+    pub fn whole(bytes: usize) -> Chunks {
+        Chunks {
+            bytes,
+            chunk: bytes.max(1),
+            count: usize::from(bytes > 0),
+        }
+    }
+
     /// `(offset, len)` in bytes of the chunks of a `bytes`-byte message. A point-to-point
     /// message of zero bytes is still one (empty) chunk, so a 0-vs-N mismatch is detected;
     /// collectives of zero bytes have no chunks.
@@ -277,12 +287,14 @@ impl Stage for Deliver {
 }
 
 /// A collective along a chain (Broadcast, Reduce): `stage` relays the operation's bytes from
-/// `from` to `to` in chunks of half the CCL input buffer; on one rank it is a plain copy.
+/// `from` to `to` in pipeline chunks ([`Slots::pipelined`]), or as one chunk when `whole`
+/// (every rank of the chain must choose alike); on one rank it is a plain copy.
 pub fn run_chain(
     p: &OpParam,
     res: &mut AlgResourceResponse<'_>,
     (from, to): (Option<usize>, Option<usize>),
     stage: &mut dyn Stage,
+    whole: bool,
 ) -> Result<()> {
     let bytes = p.count * p.elem();
     if p.world == 1 {
@@ -294,7 +306,12 @@ pub fn run_chain(
         handshake: false,
         slots: Slots::new(res.ccl_in_size, p.elem()),
     };
-    relay(res, &pipe, &pipe.slots.pipelined(bytes, p.elem()), stage)
+    let chunks = if whole {
+        Slots::whole(bytes)
+    } else {
+        pipe.slots.pipelined(bytes, p.elem())
+    };
+    relay(res, &pipe, &chunks, stage)
 }
 
 /// World 1 (and the like): `UserOut = UserIn` unless in place.
