@@ -19,7 +19,8 @@ rc=$?
 took=$(( $(date +%s) - start ))
 log=$OUT/fault.log
 grep -m 1 "injected fault" "$log" | cut -c1-200
-finished=$(grep -c "^fault: rank [0-9]* finished" "$log")
+# -o: the ranks' lines can interleave in the shared log.
+finished=$(grep -o "fault: rank [0-9]* finished" "$log" | sort -u | wc -l)
 seen=0
 for r in $(seq 0 $((N - 1))); do
   want="remote process exited"; [ "$r" = 1 ] && want="unhandled cuda error"
