@@ -10,8 +10,8 @@ NCCL-only and the preloaded figures, and `compare.py` puts them side by side.
   --mode bench   busbw per size for the chosen collectives (CUDA-event timing, median of
                  repeats).
   --mode fault   (with AMPCCL_INJECT_FAULT, see fault.sh) `--calls` allreduces of
-                 `--max-bytes`, each synchronised, then 5 s for PyTorch's watchdog to log the
-                 reported error.
+                 `--max-bytes`, each synchronised and reported, then time for PyTorch's
+                 watchdog to act on the reported error.
 """
 import argparse, hashlib, json, os, statistics, sys, time
 
@@ -284,15 +284,15 @@ def converge(args, rank, world, dev):
 
 
 def fault(args, rank, world, dev):
-    """`--calls` allreduces, each synchronised (all must complete), then 5 s for PyTorch's
-    watchdog to poll ncclCommGetAsyncError and log the reported error; then leaves at once (the
-    communicator is in error: no barrier or destroy)."""
+    """`--calls` allreduces, each synchronised (device-wide: the PCIe side streams too), each
+    followed by a line saying it completed; then up to 120 s for PyTorch's watchdog to act on
+    the error the preload reports (by default it ends the process)."""
     x = torch.ones(args.max_bytes // 4, device=dev)
-    for _ in range(args.calls):
+    for i in range(args.calls):
         dist.all_reduce(x)
         torch.cuda.synchronize()
-    print(f"fault: rank {rank} finished its {args.calls} calls", flush=True)
-    time.sleep(5)
+        print(f"fault: rank {rank} call {i} done", flush=True)
+    time.sleep(120)
     os._exit(0)
 
 
