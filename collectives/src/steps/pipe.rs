@@ -71,16 +71,6 @@ impl Slots {
         }
     }
 
-    /// A `bytes`-byte message as one chunk (none when empty), for a relay whose chunks land
-    /// in user memory rather than in a slot.
-    pub fn whole(bytes: usize) -> Chunks {
-        Chunks {
-            bytes,
-            chunk: bytes.max(1),
-            count: usize::from(bytes > 0),
-        }
-    }
-
     /// `(offset, len)` in bytes of the chunks of a `bytes`-byte message. A point-to-point
     /// message of zero bytes is still one (empty) chunk, so a 0-vs-N mismatch is detected;
     /// collectives of zero bytes have no chunks.
@@ -107,6 +97,16 @@ pub struct Chunks {
 }
 
 impl Chunks {
+    /// A `bytes`-byte message as one chunk (none when empty), for a relay whose chunks land
+    /// in user memory rather than in a slot.
+    pub fn whole(bytes: usize) -> Chunks {
+        Chunks {
+            bytes,
+            chunk: bytes.max(1),
+            count: usize::from(bytes > 0),
+        }
+    }
+
     /// Number of chunks.
     pub fn len(&self) -> usize {
         self.count
@@ -307,7 +307,7 @@ pub fn run_chain(
         slots: Slots::new(res.ccl_in_size, p.elem()),
     };
     let chunks = if whole {
-        Slots::whole(bytes)
+        Chunks::whole(bytes)
     } else {
         pipe.slots.pipelined(bytes, p.elem())
     };

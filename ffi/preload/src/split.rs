@@ -432,7 +432,9 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
     let cannot = match &p.pcie {
         _ if !split.uses_pcie() => None,
         Pcie::Ready { .. } if usable => None,
-        Pcie::Ready { .. } => Some("its stream is being captured"),
+        Pcie::Ready { .. } => {
+            Some("its stream is being captured (or its capture state is unknown)")
+        }
         Pcie::Pending | Pcie::Off { .. } => Some("its PCIe path is off"),
     };
     if let Some(why) = cannot {
@@ -466,6 +468,8 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
         // SAFETY: as above.
         let enqueued = forked.and_then(|f| unsafe { rank.enqueue(&pop, f) });
         if let Err(e) = enqueued {
+            // Timings of earlier calls collected above still count.
+            absorb(p, st.rank, &done);
             st.break_pcie(
                 &mut p.pcie,
                 format!("the PCIe part of call {index} failed: {e}"),
