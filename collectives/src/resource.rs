@@ -170,6 +170,16 @@ pub trait TaskSink {
     fn rx_async(&mut self, s: StreamId, peer: usize, dst: Mem, len: usize) -> Result<()>;
     fn tx_wait_done(&mut self, s: StreamId, peer: usize) -> Result<()>;
     fn rx_wait_done(&mut self, s: StreamId, peer: usize, len: usize) -> Result<()>;
+    /// Offers `len` bytes at `src` for `peer` to read with its matching `read_async`: numbered
+    /// like a receive (the n-th receive or offer from `peer` meets `peer`'s n-th send or read
+    /// to us), `src` peer-readable like a receive buffer and unmodified until
+    /// `offer_wait_done`.
+    fn offer_async(&mut self, s: StreamId, peer: usize, src: Mem, len: usize) -> Result<()>;
+    /// Reads `len` bytes into `dst` from `peer`'s matching offer: numbered like a send,
+    /// completed with `tx_wait_done`.
+    fn read_async(&mut self, s: StreamId, peer: usize, dst: Mem, len: usize) -> Result<()>;
+    /// Completes the oldest outstanding offer to `peer` (read as `len` bytes).
+    fn offer_wait_done(&mut self, s: StreamId, peer: usize, len: usize) -> Result<()>;
 }
 
 /// The resources handed to an executor's `orchestrate`.

@@ -181,6 +181,35 @@ impl TaskSink for StreamSink<'_> {
         Ok(())
     }
 
+    fn offer_async(&mut self, s: StreamId, peer: usize, src: Mem, len: usize) -> Result<()> {
+        let link = self.link(peer)?;
+        if !src.is_window() && !link.receives_into_user_memory() {
+            return Err(bug(format!(
+                "offer of {:?}, which peers cannot read",
+                src.buf
+            )));
+        }
+        let p = self.ptr(src, len)?;
+        // SAFETY: as for `tx_async`.
+        unsafe { link.offer_async(self.stream(s)?, p, len, self.tag) };
+        Ok(())
+    }
+
+    fn read_async(&mut self, s: StreamId, peer: usize, dst: Mem, len: usize) -> Result<()> {
+        let p = self.ptr(dst, len)?;
+        // SAFETY: as for `tx_async`.
+        unsafe {
+            self.link(peer)?
+                .read_async(self.stream(s)?, p, len, self.tag)
+        };
+        Ok(())
+    }
+
+    fn offer_wait_done(&mut self, s: StreamId, peer: usize, len: usize) -> Result<()> {
+        self.link(peer)?.offer_wait_done(self.stream(s)?, len);
+        Ok(())
+    }
+
     fn tx_wait_done(&mut self, s: StreamId, peer: usize) -> Result<()> {
         self.link(peer)?.tx_wait_done(self.stream(s)?);
         Ok(())

@@ -37,10 +37,29 @@ pub enum LinkOp {
         len: usize,
         tag: u32,
     },
-    /// Wait until send number `seq` has left our buffer.
+    /// Wait until send number `seq` has left our buffer (or read number `seq` has landed).
     TxWaitDone { seq: u32 },
     /// Wait until receive number `seq` has landed; it must carry exactly `len` bytes.
     RxWaitDone { seq: u32, len: usize },
+    /// Offer `len` bytes at `src` for the peer to read: a receive, numbered like `RxAsync`,
+    /// whose buffer the peer reads instead of writing (its `Read` number `seq`).
+    Offer {
+        seq: u32,
+        src: *const u8,
+        len: usize,
+        tag: u32,
+    },
+    /// Read `len` bytes into `dst` from the memory the peer offered with its `Offer` number
+    /// `seq`: a send, numbered like `TxAsync`, with the data flowing the other way. Completes
+    /// with `TxWaitDone`.
+    Read {
+        seq: u32,
+        dst: *mut u8,
+        len: usize,
+        tag: u32,
+    },
+    /// Wait until the peer has read offer number `seq`, which must be `len` bytes.
+    OfferWaitDone { seq: u32, len: usize },
 }
 
 /// Transport side of link tasks.

@@ -4,10 +4,12 @@
 //! NIC offers (seed 004): memory a peer may write into is named by `(key, addr)`; a one-sided
 //! write; a write-with-immediate whose immediate and length land in the receiver's completion
 //! slot; and the clear-to-send FIFO, which the receiver fills in the sender's memory with one
-//! remote write. For small messages it also offers pre-posted eager slots (the sender writes
-//! payload and header in one go, no clear-to-send needed) and per-slot credit words through
-//! which the receiver tells the sender a slot is free again. The shared-memory provider implements it with stores into mapped segments
-//! (or cross-memory attach), a verbs provider would post RDMA WRITE / WRITE_WITH_IMM.
+//! remote write. A clear-to-send may instead offer the poster's memory for the peer to read (a
+//! one-sided read, then the immediate). For small messages it also offers pre-posted eager
+//! slots (the sender writes payload and header in one go, no clear-to-send needed) and
+//! per-slot credit words through which the receiver tells the sender a slot is free again. The
+//! shared-memory provider implements it with stores into mapped segments (or cross-memory
+//! attach), a verbs provider would post RDMA WRITE / WRITE_WITH_IMM / READ.
 
 use ampccl_runtime::Result;
 
@@ -21,13 +23,18 @@ pub struct CtsEntry {
     pub size: u64,
     /// Memory key the device resolves (`rkey` on RDMA).
     pub key: u32,
-    /// Number of writes the sender splits the data into (striping over channels).
+    /// Number of writes the sender splits the data into (striping over channels), with
+    /// [`CTS_READ`] set when the entry offers the memory for reading instead.
     pub nreqs: u32,
     /// Operation fingerprint; the sender refuses a CTS whose tag differs from its own.
     pub tag: u32,
     /// Sequence number + 1 of this receive; written last, marks the entry valid.
     pub idx: u32,
 }
+
+/// Bit of [`CtsEntry::nreqs`]: the poster offers its memory for the peer to read (a read
+/// offer) instead of accepting a write into it.
+pub const CTS_READ: u32 = 1 << 31;
 
 /// An eager message as the receiver finds it in its slot: the sender's operation tag and the
 /// byte count (the payload stays in the slot until [`RmaDevice::eager_read`] copies it out).
@@ -68,6 +75,13 @@ pub trait RmaDevice: Send + Sync {
         key: u32,
         addr: u64,
     ) -> Result<()>;
+    /// One-sided read of `peer`'s `(key, addr)` (memory the peer offered for reading) into
+    /// local `[dst, dst+len)`.
+    ///
+    /// # Safety
+    /// `dst` must be valid for `len` writes.
+    unsafe fn read(&self, peer: usize, dst: *mut u8, len: usize, key: u32, addr: u64)
+    -> Result<()>;
     /// Delivers the immediate `imm` and byte count `len` to `peer`'s completion slot `slot`,
     /// ordered after every earlier write to that peer.
     fn write_imm(&self, peer: usize, slot: usize, imm: u32, len: u64) -> Result<()>;

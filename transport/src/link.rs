@@ -2,7 +2,9 @@
 //!
 //! `tx_ack`/`rx_ack` exchange readiness; `rx_async` posts a clear-to-send for a local buffer;
 //! `tx_async` writes into the buffer the peer posted (receiver-driven, see
-//! [`crate::protocol`]); `tx_wait_done`/`rx_wait_done` complete them. Messages the device takes
+//! [`crate::protocol`]); `tx_wait_done`/`rx_wait_done` complete them. `offer_async` and
+//! `read_async` are the same pair with the data flowing the other way: the owner offers its
+//! buffer like a receive, the peer reads it like a send (`offer_wait_done`/`tx_wait_done`). Messages the device takes
 //! eagerly ([`crate::eager`]) are sent without waiting for the clear-to-send and copied out of
 //! their slot by `rx_wait_done`. Sequence numbers are taken when an operation is enqueued, so a
 //! link's operations must be enqueued in the order the two sides agree on (as with NCCL, issue
@@ -128,7 +130,34 @@ impl Link {
         self.push(s, LinkOp::RxAsync { seq, dst, len, tag });
     }
 
-    /// Completes the oldest outstanding send.
+    /// Offers `len` bytes at `src` for the peer to read with its next `read_async` from us
+    /// (numbered and completed like a receive: [`Link::offer_wait_done`]).
+    ///
+    /// # Safety
+    /// `src` must stay valid and unmodified until the matching `offer_wait_done` completes, and
+    /// be inside a registered window unless [`Link::receives_into_user_memory`].
+    pub unsafe fn offer_async(self: &Arc<Self>, s: &Stream, src: *const u8, len: usize, tag: u32) {
+        let seq = self.rx.issued.fetch_add(1, Ordering::Relaxed);
+        self.push(s, LinkOp::Offer { seq, src, len, tag });
+    }
+
+    /// Reads `len` bytes into `dst` from the peer's next offer to us (numbered and completed
+    /// like a send: [`Link::tx_wait_done`]).
+    ///
+    /// # Safety
+    /// `dst` must stay valid and untouched until the matching `tx_wait_done` completes.
+    pub unsafe fn read_async(self: &Arc<Self>, s: &Stream, dst: *mut u8, len: usize, tag: u32) {
+        let seq = self.tx.issued.fetch_add(1, Ordering::Relaxed);
+        self.push(s, LinkOp::Read { seq, dst, len, tag });
+    }
+
+    /// Completes the oldest outstanding offer, which must have been read as `len` bytes.
+    pub fn offer_wait_done(self: &Arc<Self>, s: &Stream, len: usize) {
+        let seq = self.rx.waited.fetch_add(1, Ordering::Relaxed);
+        self.push(s, LinkOp::OfferWaitDone { seq, len });
+    }
+
+    /// Completes the oldest outstanding send (or read).
     pub fn tx_wait_done(self: &Arc<Self>, s: &Stream) {
         let seq = self.tx.waited.fetch_add(1, Ordering::Relaxed);
         self.push(s, LinkOp::TxWaitDone { seq });
@@ -200,6 +229,31 @@ impl LinkDriver for Link {
                     // Device writes are complete once issued (shared memory); a device with
                     // asynchronous completions would advance this from its completion queue.
                     self.tx_done.complete(seq);
+                }
+                r
+            }
+            LinkOp::Offer { seq, src, len, tag } => protocol::post_offer(
+                dev,
+                self.peer,
+                seq,
+                self.rx_done.is_free(seq),
+                src,
+                len,
+                tag,
+            ),
+            LinkOp::Read { seq, dst, len, tag } => {
+                // SAFETY: `dst` valid by the `read_async` contract.
+                let r = unsafe { protocol::try_read(dev, self.peer, seq, dst, len, tag) };
+                if r.is_ready() {
+                    // The read is complete once issued (shared memory), as a write.
+                    self.tx_done.complete(seq);
+                }
+                r
+            }
+            LinkOp::OfferWaitDone { seq, len } => {
+                let r = protocol::poll_recv(dev, self.peer, seq, len);
+                if r.is_ready() {
+                    self.rx_done.complete(seq);
                 }
                 r
             }

@@ -11,6 +11,14 @@
 //! - the receiver completes when its completion slot shows that immediate, and stores
 //!   `seq + 1` into its credit word `seq % depth` in the sender's memory.
 //!
+//! A *read offer* turns the transfer around for one message, for a receiver that wants to pull
+//! data instead of waiting for it to be pushed (a broadcast's receiver sharing the copying
+//! with the root): the owner of the data posts receive `seq` with a clear-to-send that names
+//! its data and carries [`CTS_READ`]; the peer's send number `seq` is a *read*: it checks tag,
+//! size and the flag as above, reads the data striped over `nreqs` reads, then writes the
+//! immediate, which completes the offer. A write meeting an offer, or a read meeting a plain
+//! clear-to-send, fails both sides like a tag mismatch. Offers and reads never go eagerly.
+//!
 //! Messages of at most the device's `eager_max` bytes take the eager variant instead
 //! ([`crate::eager`]): one one-way trip instead of two. Both sides pick the variant from the
 //! length, and each side also watches for the other variant, so a length mismatch fails both
@@ -24,7 +32,7 @@ use std::task::Poll;
 
 use ampccl_runtime::{Error, Result};
 
-use crate::device::{CtsEntry, IMM_ERROR, RmaDevice};
+use crate::device::{CTS_READ, CtsEntry, IMM_ERROR, RmaDevice};
 
 /// Sequence numbers live in 31 bits (the top immediate bit is the error flag).
 const SEQ_MASK: u32 = !IMM_ERROR;
@@ -37,7 +45,6 @@ pub(crate) fn idx_of(seq: u32) -> u32 {
 /// previous user of slot `seq % depth` (its CTS entry and its completion slot), has completed.
 /// The caller tracks that per slot (see [`SlotTracker`]): receives on different streams may
 /// complete out of order, so a count or a maximum of completed receives is not enough.
-#[allow(clippy::too_many_arguments)]
 pub fn post_recv(
     dev: &dyn RmaDevice,
     peer: usize,
@@ -47,6 +54,52 @@ pub fn post_recv(
     len: usize,
     tag: u32,
 ) -> Poll<Result<()>> {
+    post(dev, peer, seq, slot_free, dst, len, tag, Way::Write)
+}
+
+/// Posts offer `seq` (a receive, numbered and freed like one) of `len` bytes at `src` for the
+/// peer to read; it completes with [`poll_recv`] once the peer's read is done.
+pub fn post_offer(
+    dev: &dyn RmaDevice,
+    peer: usize,
+    seq: u32,
+    slot_free: bool,
+    src: *const u8,
+    len: usize,
+    tag: u32,
+) -> Poll<Result<()>> {
+    post(
+        dev,
+        peer,
+        seq,
+        slot_free,
+        src.cast_mut(),
+        len,
+        tag,
+        Way::Read,
+    )
+}
+
+/// Which way the data of a rendezvous transfer flows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Way {
+    /// The sender writes into the receiver's buffer.
+    Write,
+    /// The sender reads the receiver's offered buffer.
+    Read,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn post(
+    dev: &dyn RmaDevice,
+    peer: usize,
+    seq: u32,
+    slot_free: bool,
+    buf: *mut u8,
+    len: usize,
+    tag: u32,
+    way: Way,
+) -> Poll<Result<()>> {
     let depth = dev.fifo_depth() as u32;
     if !slot_free {
         return Poll::Pending;
@@ -55,20 +108,25 @@ pub fn post_recv(
     // so its buffer need not be exposable: an empty user buffer may be null or lie outside
     // every window, and a zero-byte message must still match (or mismatch) a peer's send.
     let exposed = if len == 0 {
-        Some(dev.expose(dst, 0).unwrap_or((0, 0)))
+        Some(dev.expose(buf, 0).unwrap_or((0, 0)))
     } else {
-        dev.expose(dst, len)
+        dev.expose(buf, len)
     };
     let Some((key, addr)) = exposed else {
         return Poll::Ready(Err(Error::Internal(format!(
-            "receive buffer {dst:p}+{len} is not in a registered window"
+            "buffer {buf:p}+{len} is not in a registered window"
         ))));
     };
+    let nreqs = (dev.channels() as u32).clamp(1, 1 + (len / MIN_STRIPE as usize) as u32);
     let entry = CtsEntry {
         addr,
         size: len as u64,
         key,
-        nreqs: (dev.channels() as u32).clamp(1, 1 + (len / MIN_STRIPE as usize) as u32),
+        nreqs: if way == Way::Read {
+            nreqs | CTS_READ
+        } else {
+            nreqs
+        },
         tag,
         idx: idx_of(seq),
     };
@@ -143,6 +201,40 @@ pub unsafe fn try_send(
     len: usize,
     tag: u32,
 ) -> Poll<Result<()>> {
+    // SAFETY: forwarded; a write only reads `src`.
+    unsafe { transfer(dev, peer, seq, src.cast_mut(), len, tag, Way::Write) }
+}
+
+/// Reads `len` bytes into `dst` as send `seq`, once the peer's offer is there.
+///
+/// # Safety
+/// `dst` must be valid for `len` writes.
+pub unsafe fn try_read(
+    dev: &dyn RmaDevice,
+    peer: usize,
+    seq: u32,
+    dst: *mut u8,
+    len: usize,
+    tag: u32,
+) -> Poll<Result<()>> {
+    // SAFETY: forwarded.
+    unsafe { transfer(dev, peer, seq, dst, len, tag, Way::Read) }
+}
+
+/// Send `seq`: moves `len` bytes between local `buf` and the memory the peer's clear-to-send
+/// names, the way `way`, then writes the immediate.
+///
+/// # Safety
+/// `buf` must be valid for `len` reads (`Write`) or writes (`Read`).
+unsafe fn transfer(
+    dev: &dyn RmaDevice,
+    peer: usize,
+    seq: u32,
+    buf: *mut u8,
+    len: usize,
+    tag: u32,
+    way: Way,
+) -> Poll<Result<()>> {
     let slot = (seq % dev.fifo_depth() as u32) as usize;
     let Some(cts) = dev.poll_cts(peer, slot, idx_of(seq)) else {
         return Poll::Pending;
@@ -155,22 +247,41 @@ pub unsafe fn try_send(
     if cts.tag != tag {
         return fail(op_mismatch(dev, peer, cts.tag, tag));
     }
-    if len as u64 != cts.size {
+    let offered = cts.nreqs & CTS_READ != 0;
+    if offered != (way == Way::Read) {
+        let (theirs, ours) = if offered {
+            ("offers its buffer to be read", "writes")
+        } else {
+            ("expects a write", "reads")
+        };
         return fail(Error::InvalidUsage(format!(
-            "size mismatch: {} expects {} bytes, this rank sends {len}",
-            dev.peer_desc(peer),
-            cts.size
+            "transfer mismatch: {} {theirs}, this rank {ours}",
+            dev.peer_desc(peer)
         )));
     }
-    let n = cts.nreqs.max(1) as usize;
+    if len as u64 != cts.size {
+        let verb = if offered { "offers" } else { "expects" };
+        return fail(Error::InvalidUsage(format!(
+            "size mismatch: {} {verb} {} bytes, this rank {} {len}",
+            dev.peer_desc(peer),
+            cts.size,
+            if offered { "reads" } else { "sends" },
+        )));
+    }
+    let n = (cts.nreqs & !CTS_READ).max(1) as usize;
     let stripe = len.div_ceil(n).next_multiple_of(64).max(1);
     let mut off = 0;
     while off < len {
         let piece = stripe.min(len - off);
+        let addr = cts.addr + off as u64;
         // SAFETY: off + piece <= len, valid by the caller's contract.
-        if let Err(e) =
-            unsafe { dev.write(peer, src.add(off), piece, cts.key, cts.addr + off as u64) }
-        {
+        let r = unsafe {
+            match way {
+                Way::Write => dev.write(peer, buf.add(off), piece, cts.key, addr),
+                Way::Read => dev.read(peer, buf.add(off), piece, cts.key, addr),
+            }
+        };
+        if let Err(e) = r {
             return fail(e);
         }
         off += piece;
@@ -300,6 +411,64 @@ pub(crate) mod tests {
             w.complete(seq);
         }
         assert!(w.is_free(u32::MAX.wrapping_add(4)));
+    }
+
+    #[test]
+    fn reader_pulls_an_offer() {
+        let (a, b) = PairDevice::pair(4, 4096);
+        let src = b.window_ptr(64);
+        for i in 0..200 {
+            // SAFETY: inside b's window; nothing else touches it.
+            unsafe { *src.add(i) = i as u8 ^ 0x5a };
+        }
+        let mut got = vec![0u8; 200];
+        // The reader cannot go before the offer, nor the offer complete before the read.
+        // SAFETY: `got` is valid for 200 writes.
+        assert!(unsafe { try_read(&a, 1, 0, got.as_mut_ptr(), 200, 3) }.is_pending());
+        ready(post_offer(&b, 0, 0, true, src, 200, 3)).unwrap();
+        assert!(poll_recv(&b, 0, 0, 200).is_pending());
+        // SAFETY: as above.
+        ready(unsafe { try_read(&a, 1, 0, got.as_mut_ptr(), 200, 3) }).unwrap();
+        ready(poll_recv(&b, 0, 0, 200)).unwrap();
+        assert_eq!(got, b.window(64, 200));
+    }
+
+    #[test]
+    fn a_write_meeting_an_offer_or_a_read_meeting_a_receive_fails_both_sides() {
+        let (a, b) = PairDevice::pair(4, 4096);
+        let data = [7u8; 16];
+        let mut buf = [0u8; 16];
+        // A send finds an offer: refused, so the offered (read-only) buffer is never written.
+        ready(post_offer(&b, 0, 0, true, b.window_ptr(0), 16, 1)).unwrap();
+        // SAFETY: data is valid.
+        let e = ready(unsafe { try_send(&a, 1, 0, data.as_ptr(), 16, 1) }).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidUsage(ref m) if m.contains("offers its buffer")),
+            "{e}"
+        );
+        assert!(matches!(
+            ready(poll_recv(&b, 0, 0, 16)).unwrap_err(),
+            Error::Remote(_)
+        ));
+        assert_eq!(b.window(0, 16), vec![0u8; 16]);
+        // A read finds a plain clear-to-send.
+        ready(post_recv(&b, 0, 1, true, b.window_ptr(0), 16, 1)).unwrap();
+        // SAFETY: buf is valid.
+        let e = ready(unsafe { try_read(&a, 1, 1, buf.as_mut_ptr(), 16, 1) }).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidUsage(ref m) if m.contains("expects a write")),
+            "{e}"
+        );
+        assert!(ready(poll_recv(&b, 0, 1, 16)).is_err());
+        // A read of another size than offered.
+        ready(post_offer(&b, 0, 2, true, b.window_ptr(0), 16, 1)).unwrap();
+        // SAFETY: buf is valid.
+        let e = ready(unsafe { try_read(&a, 1, 2, buf.as_mut_ptr(), 8, 1) }).unwrap_err();
+        assert!(
+            matches!(e, Error::InvalidUsage(ref m) if m.contains("offers 16")),
+            "{e}"
+        );
+        assert!(ready(poll_recv(&b, 0, 2, 16)).is_err());
     }
 
     #[test]

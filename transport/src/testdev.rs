@@ -29,7 +29,8 @@ struct Shared {
 }
 
 // SAFETY: windows are written only through `write` at addresses a receiver handed out, and read
-// by the receiver after the completion that orders them (as real RMA memory).
+// by the receiver after the completion that orders them (as real RMA memory); `read` copies
+// out of an offer the owner leaves alone until the read's completion.
 unsafe impl Sync for Shared {}
 
 /// One endpoint of an in-memory pair: rank `me` talks to rank `1 - me` (peer index `1 - me`).
@@ -125,6 +126,22 @@ impl RmaDevice for PairDevice {
         }
         // SAFETY: bounds checked; src valid by contract.
         unsafe { std::ptr::copy_nonoverlapping(src, base.add(addr as usize), len) };
+        Ok(())
+    }
+    unsafe fn read(
+        &self,
+        peer: usize,
+        dst: *mut u8,
+        len: usize,
+        key: u32,
+        addr: u64,
+    ) -> Result<()> {
+        let (base, n) = self.base(peer);
+        if key != 1 || addr as usize + len > n {
+            return Err(Error::Internal("read outside the peer's window".into()));
+        }
+        // SAFETY: bounds checked; dst valid by contract.
+        unsafe { std::ptr::copy_nonoverlapping(base.add(addr as usize), dst, len) };
         Ok(())
     }
     fn write_imm(&self, peer: usize, slot: usize, imm: u32, len: u64) -> Result<()> {

@@ -10,11 +10,10 @@
 //! chunk `c` out, both cores busy, whereas a direct write leaves the receiver idle and
 //! `process_vm_writev` pins pages as it goes. Measured on 2 ranks (`ampccl-perf -o broadcast
 //! -g 2`, direct vs through `CclIn`): 64 KiB 6.9 vs 11.7 us, 128 KiB 11.0 vs 22.9 us, 1 MiB
-//! 217 vs 132 us, 8 MiB 1418 vs 1250 us, 64 MiB 19.7 vs 13.2 ms (chunked). On 2 ranks the
-//! receiver forwards nothing, so a direct message up to [`DIRECT_WHOLE_MAX_BYTES`] goes in one
-//! piece: one cross-memory copy, no per-chunk costs. Chunk `c + 1`'s receive is posted before
-//! chunk `c` is forwarded, so
-//! after a fill of `P - 1` chunks every link carries a chunk at once: time ≈
+//! 217 vs 132 us, 8 MiB 1418 vs 1250 us, 64 MiB 19.7 vs 13.2 ms (chunked). (On 2 ranks with
+//! such links the operator picks [`super::broadcast_pair`] from 32 KiB.) Chunk `c + 1`'s
+//! receive is posted before chunk `c` is forwarded, so after a fill of `P - 1` chunks every
+//! link carries a chunk at once: time ≈
 //! `(chunks + P - 2) · chunk / bandwidth`. The relay loop and its double-buffer discipline are
 //! [`crate::steps::pipe::relay`]. Links: the ring neighbours (the same for every root, so the
 //! cached resources fit all roots).
@@ -28,15 +27,6 @@ use crate::steps::pipe::{self, Chain, Deliver};
 
 /// Largest message received straight into user memory when links allow it.
 pub const DIRECT_MAX_BYTES: usize = 256 * 1024;
-/// On 2 ranks, largest message written straight into the receiver's memory in one piece.
-/// 2 ranks, alternated runs (`ampccl-perf -g 2 -o broadcast -b 256K -e 1M -f 2 -n 300 -w 30`),
-/// µs out of place / in place, one piece vs through `CclIn` in 128 KiB chunks: 256 KiB
-/// 19.3–19.6 / 13.5–14.2 vs 20.8–21.2 / 15.0–15.7; 512 KiB 38.5–40.6 / 24.2–36.0 vs
-/// 46.8–47.4 / 39.8–41.4. At 1 MiB (5 runs) in place gains (65.6–73.2 vs 72.8–79.5) but out of
-/// place loses (129.9–135.9 vs 118.0–129.0: the root's own copy follows a cross-memory write,
-/// which costs more than a copy into the window), so not above 512 KiB.
-pub const DIRECT_WHOLE_MAX_BYTES: usize = 512 * 1024;
-
 pub struct BroadcastChain;
 
 impl Executor for BroadcastChain {
@@ -47,12 +37,11 @@ impl Executor for BroadcastChain {
     fn orchestrate(&self, p: &OpParam, res: &mut AlgResourceResponse<'_>) -> Result<()> {
         let (from, to) = Chain::new(p).from_root();
         let bytes = p.count * p.elem();
-        let whole = res.user_mem_links && p.world == 2 && bytes <= DIRECT_WHOLE_MAX_BYTES;
         let mut stage = Deliver {
             head: from.is_none(),
             keep: true,
-            direct: whole || (res.user_mem_links && bytes <= DIRECT_MAX_BYTES),
+            direct: res.user_mem_links && bytes <= DIRECT_MAX_BYTES,
         };
-        pipe::run_chain(p, res, (from, to), &mut stage, whole)
+        pipe::run_chain(p, res, (from, to), &mut stage)
     }
 }

@@ -76,6 +76,6 @@ impl Executor for ReduceChain {
             head: from.is_none(),
             root: to.is_none(),
         };
-        pipe::run_chain(p, res, (from, to), &mut stage, false)
+        pipe::run_chain(p, res, (from, to), &mut stage)
     }
 }

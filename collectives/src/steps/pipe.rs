@@ -97,16 +97,6 @@ pub struct Chunks {
 }
 
 impl Chunks {
-    /// A `bytes`-byte message as one chunk (none when empty), for a relay whose chunks land
-    /// in user memory rather than in a slot.
-    pub fn whole(bytes: usize) -> Chunks {
-        Chunks {
-            bytes,
-            chunk: bytes.max(1),
-            count: usize::from(bytes > 0),
-        }
-    }
-
     /// Number of chunks.
     pub fn len(&self) -> usize {
         self.count
@@ -287,14 +277,12 @@ impl Stage for Deliver {
 }
 
 /// A collective along a chain (Broadcast, Reduce): `stage` relays the operation's bytes from
-/// `from` to `to` in pipeline chunks ([`Slots::pipelined`]), or as one chunk when `whole`
-/// (every rank of the chain must choose alike); on one rank it is a plain copy.
+/// `from` to `to` in pipeline chunks ([`Slots::pipelined`]); on one rank it is a plain copy.
 pub fn run_chain(
     p: &OpParam,
     res: &mut AlgResourceResponse<'_>,
     (from, to): (Option<usize>, Option<usize>),
     stage: &mut dyn Stage,
-    whole: bool,
 ) -> Result<()> {
     let bytes = p.count * p.elem();
     if p.world == 1 {
@@ -306,11 +294,7 @@ pub fn run_chain(
         handshake: false,
         slots: Slots::new(res.ccl_in_size, p.elem()),
     };
-    let chunks = if whole {
-        Chunks::whole(bytes)
-    } else {
-        pipe.slots.pipelined(bytes, p.elem())
-    };
+    let chunks = pipe.slots.pipelined(bytes, p.elem());
     relay(res, &pipe, &chunks, stage)
 }
 

@@ -74,8 +74,9 @@ pub enum Reject {
     UnknownNotify,
     /// A task with a peer no transport request named.
     NoLink,
-    /// A receive into memory peers cannot write (no user-memory links).
-    NotPeerWritable,
+    /// A receive into (or an offer of) memory peers cannot write (read) without user-memory
+    /// links.
+    NotPeerAccessible,
     /// A write into the user input.
     ReadOnly,
     /// Partially overlapping operands.
@@ -104,6 +105,9 @@ pub enum VerifyError {
     Deadlock { stuck: Vec<String> },
     #[error("length mismatch: {0}")]
     LengthMismatch(String),
+    /// A send meeting an offer, a read meeting a receive, or a wait-done of the other kind.
+    #[error("transfer mismatch: {0}")]
+    WayMismatch(String),
     #[error("unbalanced link/notify operations: {0}")]
     Unbalanced(String),
     #[error("data race on rank {rank} {mem} bytes {bytes:?}: {first} / {second}")]
@@ -124,6 +128,18 @@ impl VerifyError {
     pub fn exceeds_ccl(&self) -> bool {
         matches!(self, VerifyError::Rejected { kind: Reject::OutOfBounds, msg, .. }
             if msg.contains("CclIn") || msg.contains("CclOut"))
+    }
+
+    /// The executor refused the configuration as outside its domain (e.g. `BroadcastPair` on
+    /// more than 2 ranks): a clear error for a forced algorithm, never a selected one.
+    pub fn not_applicable(&self) -> bool {
+        matches!(
+            self,
+            VerifyError::Executor {
+                error: Error::InvalidArgument(_),
+                ..
+            }
+        )
     }
 }
 

@@ -101,26 +101,32 @@ pub(crate) enum Op {
         peer: usize,
         seq: usize,
     },
+    /// A send from `mem` (`tx_async`), or with `read` a read into `mem` (`read_async`).
     TxAsync {
         peer: usize,
-        src: Mem,
+        mem: Mem,
         len: usize,
         seq: usize,
+        read: bool,
     },
+    /// A receive into `mem` (`rx_async`), or with `read` an offer of `mem` (`offer_async`).
     RxAsync {
         peer: usize,
-        dst: Mem,
+        mem: Mem,
         len: usize,
         seq: usize,
+        read: bool,
     },
     TxWaitDone {
         peer: usize,
         seq: usize,
     },
+    /// `rx_wait_done`, or with `read` `offer_wait_done`.
     RxWaitDone {
         peer: usize,
         len: usize,
         seq: usize,
+        read: bool,
     },
 }
 
@@ -139,19 +145,37 @@ pub(crate) fn describe(rank: usize, stream: StreamId, index: usize, op: &Op) -> 
         Op::RxAck { peer, seq } => format!("rx_ack(from {peer}, #{seq})"),
         Op::TxAsync {
             peer,
-            src,
+            mem,
             len,
             seq,
-        } => format!("tx_async(to {peer} #{seq}, {}, {len} B)", m(src)),
+            read,
+        } => {
+            let name = if *read { "read_async" } else { "tx_async" };
+            format!("{name}(to {peer} #{seq}, {}, {len} B)", m(mem))
+        }
         Op::RxAsync {
             peer,
-            dst,
+            mem,
             len,
             seq,
-        } => format!("rx_async(from {peer} #{seq}, {}, {len} B)", m(dst)),
+            read,
+        } => {
+            let name = if *read { "offer_async" } else { "rx_async" };
+            format!("{name}(from {peer} #{seq}, {}, {len} B)", m(mem))
+        }
         Op::TxWaitDone { peer, seq } => format!("tx_wait_done(to {peer} #{seq})"),
-        Op::RxWaitDone { peer, len, seq } => {
-            format!("rx_wait_done(from {peer} #{seq}, {len} B)")
+        Op::RxWaitDone {
+            peer,
+            len,
+            seq,
+            read,
+        } => {
+            let name = if *read {
+                "offer_wait_done"
+            } else {
+                "rx_wait_done"
+            };
+            format!("{name}(from {peer} #{seq}, {len} B)")
         }
     };
     format!("rank {rank} stream {stream} task #{index}: {what}")
@@ -293,6 +317,73 @@ impl<'a> Recorder<'a> {
         self.streams[s].push(op);
         Ok(())
     }
+
+    /// A send from `mem`, or (`read`) a read into it: a local read or write, the next send
+    /// number.
+    fn tx(&mut self, s: StreamId, peer: usize, mem: Mem, len: usize, read: bool) -> Result<()> {
+        let mut op = Op::TxAsync {
+            peer,
+            mem,
+            len,
+            seq: 0,
+            read,
+        };
+        self.mem(s, &op, mem, len, read)?;
+        self.link(s, &op, peer)?;
+        self.stream(s, &op)?;
+        let next = &mut self.seq[peer].tx;
+        if let Op::TxAsync { seq, .. } = &mut op {
+            *seq = *next;
+        }
+        *next += 1;
+        self.push(s, op)
+    }
+
+    /// A receive into `mem`, or (`read`) an offer of it: memory the peer writes or reads, the
+    /// next receive number.
+    fn rx(&mut self, s: StreamId, peer: usize, mem: Mem, len: usize, read: bool) -> Result<()> {
+        let mut op = Op::RxAsync {
+            peer,
+            mem,
+            len,
+            seq: 0,
+            read,
+        };
+        self.link(s, &op, peer)?;
+        if !mem.is_window() && !self.user_mem_links {
+            let msg = if read {
+                format!("offer of {:?}, which peers cannot read", mem.buf)
+            } else {
+                format!("receive into {:?}, which peers cannot write", mem.buf)
+            };
+            return Err(self.reject(s, &op, Reject::NotPeerAccessible, msg));
+        }
+        self.mem(s, &op, mem, len, !read)?;
+        self.stream(s, &op)?;
+        let next = &mut self.seq[peer].rx;
+        if let Op::RxAsync { seq, .. } = &mut op {
+            *seq = *next;
+        }
+        *next += 1;
+        self.push(s, op)
+    }
+
+    fn rx_done(&mut self, s: StreamId, peer: usize, len: usize, read: bool) -> Result<()> {
+        let mut op = Op::RxWaitDone {
+            peer,
+            len,
+            seq: 0,
+            read,
+        };
+        self.link(s, &op, peer)?;
+        self.stream(s, &op)?;
+        let next = &mut self.seq[peer].rx_done;
+        if let Op::RxWaitDone { seq, .. } = &mut op {
+            *seq = *next;
+        }
+        *next += 1;
+        self.push(s, op)
+    }
 }
 
 impl TaskSink for Recorder<'_> {
@@ -394,55 +485,19 @@ impl TaskSink for Recorder<'_> {
     }
 
     fn tx_async(&mut self, s: StreamId, peer: usize, src: Mem, len: usize) -> Result<()> {
-        let op = Op::TxAsync {
-            peer,
-            src,
-            len,
-            seq: 0,
-        };
-        self.mem(s, &op, src, len, false)?;
-        self.link(s, &op, peer)?;
-        self.stream(s, &op)?;
-        let seq = &mut self.seq[peer].tx;
-        *seq += 1;
-        let seq = *seq - 1;
-        self.push(
-            s,
-            Op::TxAsync {
-                peer,
-                src,
-                len,
-                seq,
-            },
-        )
+        self.tx(s, peer, src, len, false)
     }
 
     fn rx_async(&mut self, s: StreamId, peer: usize, dst: Mem, len: usize) -> Result<()> {
-        let op = Op::RxAsync {
-            peer,
-            dst,
-            len,
-            seq: 0,
-        };
-        self.link(s, &op, peer)?;
-        if !dst.is_window() && !self.user_mem_links {
-            let msg = format!("receive into {:?}, which peers cannot write", dst.buf);
-            return Err(self.reject(s, &op, Reject::NotPeerWritable, msg));
-        }
-        self.mem(s, &op, dst, len, true)?;
-        self.stream(s, &op)?;
-        let seq = &mut self.seq[peer].rx;
-        *seq += 1;
-        let seq = *seq - 1;
-        self.push(
-            s,
-            Op::RxAsync {
-                peer,
-                dst,
-                len,
-                seq,
-            },
-        )
+        self.rx(s, peer, dst, len, false)
+    }
+
+    fn offer_async(&mut self, s: StreamId, peer: usize, src: Mem, len: usize) -> Result<()> {
+        self.rx(s, peer, src, len, true)
+    }
+
+    fn read_async(&mut self, s: StreamId, peer: usize, dst: Mem, len: usize) -> Result<()> {
+        self.tx(s, peer, dst, len, true)
     }
 
     fn tx_wait_done(&mut self, s: StreamId, peer: usize) -> Result<()> {
@@ -456,12 +511,10 @@ impl TaskSink for Recorder<'_> {
     }
 
     fn rx_wait_done(&mut self, s: StreamId, peer: usize, len: usize) -> Result<()> {
-        let op = Op::RxWaitDone { peer, len, seq: 0 };
-        self.link(s, &op, peer)?;
-        self.stream(s, &op)?;
-        let seq = &mut self.seq[peer].rx_done;
-        *seq += 1;
-        let seq = *seq - 1;
-        self.push(s, Op::RxWaitDone { peer, len, seq })
+        self.rx_done(s, peer, len, false)
+    }
+
+    fn offer_wait_done(&mut self, s: StreamId, peer: usize, len: usize) -> Result<()> {
+        self.rx_done(s, peer, len, true)
     }
 }

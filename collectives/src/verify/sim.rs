@@ -8,12 +8,16 @@
 //!   `rx_async` posts a clear-to-send (at most `fifo_depth` outstanding per direction);
 //!   `tx_async` runs once its receive is posted and writes the data into the receiver at once;
 //!   `rx_wait_done`/`tx_wait_done` run once the transfer happened (`rx_wait_done` checks the
-//!   length); the n-th `rx_ack` needs the peer's n-th `tx_ack`.
+//!   length); the n-th `rx_ack` needs the peer's n-th `tx_ack`;
+//! - `offer_async`/`read_async`/`offer_wait_done` are numbered and matched as receives, sends
+//!   and receive wait-dones, with the data copied from the offer into the reader at the read;
+//!   a read must meet an offer and a send a receive.
 //!
 //! Happens-before edges: stream order, the records a wait is guaranteed to have seen, CTS →
 //! send (→ write), send → both wait-dones, the previous use of a FIFO slot → the next CTS,
-//! `tx_ack` → `rx_ack`. Asynchronous accesses (the send's read, the remote write) carry the
-//! clock of their start and are complete only at the transfer's wait-dones.
+//! `tx_ack` → `rx_ack`. Asynchronous accesses (the send's read, the remote write; a read's
+//! remote read and landing) carry the clock of their start and are complete only at the
+//! transfer's wait-dones.
 
 use std::rc::Rc;
 
@@ -38,7 +42,8 @@ pub(crate) struct Access {
     pub start: usize,
     pub end: usize,
     pub write: bool,
-    /// The task that made it and how (`read`, `write`, `send read`, `remote write`).
+    /// The task that made it and how (`read`, `write`, `send read`, `remote write`, `remote
+    /// read`, `read landing`).
     pub task: TaskRef,
     pub how: &'static str,
     /// What the accessing side knew when the access began.
@@ -57,8 +62,8 @@ pub(crate) struct RankSim {
     pub mems: Vec<Vec<Val>>,
 }
 
-/// A posted receive: destination, length, CTS clock, the task.
-type Posted = (Mem, usize, Rc<[u32]>, TaskRef);
+/// A posted receive (or offer): its memory, length, CTS clock, the task, whether an offer.
+type Posted = (Mem, usize, Rc<[u32]>, TaskRef, bool);
 /// A transfer that ran: length, clock of the send, transfer id.
 type Xfer = (usize, Rc<[u32]>, usize);
 /// Clocks of the records run, per notify, per stream.
@@ -67,7 +72,7 @@ type RecordClocks = Vec<Vec<Vec<Rc<[u32]>>>>;
 /// A direction's matched operations by sequence number.
 #[derive(Default)]
 struct Dir {
-    /// Posted receives: destination, length, CTS clock, the task.
+    /// Posted receives and offers.
     posted: Vec<Option<Posted>>,
     /// Transfers: length, clock of the send, transfer id.
     xfers: Vec<Option<Xfer>>,
@@ -365,29 +370,42 @@ impl Sim {
             Op::RxAck { peer, .. } => self.dirs[peer * w + r].n[5] += 1,
             Op::RxAsync {
                 peer,
-                dst,
+                mem,
                 len,
                 seq,
+                read,
             } => {
                 let d = &mut self.dirs[peer * w + r];
-                put(&mut d.posted, seq, (dst, len, snap, me));
+                put(&mut d.posted, seq, (mem, len, snap, me, read));
                 d.n[1] += 1;
             }
             Op::TxAsync {
                 peer,
-                src,
+                mem,
                 len,
                 seq,
-            } => return self.transfer(me, peer, src, len, seq, snap),
+                read,
+            } => return self.transfer(me, peer, mem, len, seq, read, snap),
             Op::TxWaitDone { peer, seq } => {
                 let d = &mut self.dirs[r * w + peer];
                 let id = at(&d.xfers, seq).expect("checked").2;
                 d.n[2] += 1;
                 self.done[id].push((t, snap[t]));
             }
-            Op::RxWaitDone { peer, len, seq } => {
+            Op::RxWaitDone {
+                peer,
+                len,
+                seq,
+                read,
+            } => {
                 let d = &mut self.dirs[peer * w + r];
                 let (sent, _, id) = *at(&d.xfers, seq).expect("checked");
+                if at(&d.posted, seq).expect("transferred").4 != read {
+                    return Err(VerifyError::WayMismatch(format!(
+                        "{} completes transfer #{seq} from rank {peer}, posted as the other kind",
+                        self.desc(me)
+                    )));
+                }
                 d.n[3] += 1;
                 put(&mut d.rx_done, seq, snap.clone());
                 self.done[id].push((t, snap[t]));
@@ -402,23 +420,43 @@ impl Sim {
         Ok(true)
     }
 
-    /// A send runs: check the length against the posted receive and write the data.
+    /// A send runs: check the length against the posted receive and write the data; or a
+    /// read runs: check it against the posted offer and copy the data out of it.
+    #[allow(clippy::too_many_arguments)]
     fn transfer(
         &mut self,
         me: TaskRef,
         peer: usize,
-        src: Mem,
+        mem: Mem,
         len: usize,
         seq: usize,
+        read: bool,
         snap: Rc<[u32]>,
     ) -> Result<bool, VerifyError> {
         let (r, w) = (me.rank, self.world);
-        let (dst, rlen, _, rx_task) = at(&self.dirs[r * w + peer].posted, seq)
+        let (posted, rlen, _, rx_task, offer) = at(&self.dirs[r * w + peer].posted, seq)
             .expect("checked")
             .clone();
+        if offer != read {
+            let (ours, theirs) = if read {
+                ("reads", "a receive")
+            } else {
+                ("sends", "an offer")
+            };
+            return Err(VerifyError::WayMismatch(format!(
+                "{} {ours} transfer #{seq}, which {} posted as {theirs}",
+                self.desc(me),
+                self.desc(rx_task)
+            )));
+        }
         if rlen != len {
+            let (verb, posted) = if read {
+                ("reads", "offered")
+            } else {
+                ("sends", "posted for")
+            };
             return Err(VerifyError::LengthMismatch(format!(
-                "{} sends {len} bytes into {}, posted for {rlen}",
+                "{} {verb} {len} bytes of {}, {posted} {rlen}",
                 self.desc(me),
                 self.desc(rx_task)
             )));
@@ -429,16 +467,24 @@ impl Sim {
         put(&mut d.xfers, seq, (len, snap.clone(), id));
         d.n[0] += 1;
         self.bytes_moved += len;
-        let from = self.ranks[r].as_ref().expect("sender runs");
-        let s = from.layout.range(src, len);
-        let v = from.mems[s.0][s.1..s.2].to_vec();
-        let to = self.ranks[peer]
-            .as_mut()
-            .expect("the receive was posted by a rank with a job");
-        let dd = to.layout.range(dst, len);
-        to.mems[dd.0][dd.1..dd.2].clone_from_slice(&v);
-        for (rank, m, write, how) in [(r, s, false, "send read"), (peer, dd, true, "remote write")]
-        {
+        // The data flows from `(from, src)` to `(to, dst)`.
+        let ((from, src), (to, dst)) = if read {
+            ((peer, posted), (r, mem))
+        } else {
+            ((r, mem), (peer, posted))
+        };
+        let fr = self.ranks[from].as_ref().expect("both sides have a job");
+        let s = fr.layout.range(src, len);
+        let v = fr.mems[s.0][s.1..s.2].to_vec();
+        let tr = self.ranks[to].as_mut().expect("both sides have a job");
+        let dd = tr.layout.range(dst, len);
+        tr.mems[dd.0][dd.1..dd.2].clone_from_slice(&v);
+        let (how_src, how_dst) = if read {
+            ("remote read", "read landing")
+        } else {
+            ("send read", "remote write")
+        };
+        for (rank, m, write, how) in [(from, s, false, how_src), (to, dd, true, how_dst)] {
             self.accesses.push(Access {
                 rank,
                 mem: m.0,

@@ -6,7 +6,9 @@
 //! Applicability rule: every entry runs on every configuration (`AMPCCL_ALGO_*` can force any
 //! algorithm), except that a configuration the operator would *not* select the entry for is
 //! skipped when verification fails only because the executor needs more CCL buffer than it
-//! has ([`VerifyError::exceeds_ccl`], e.g. `AllReduceOneShot` needs `count * elem * world`).
+//! has ([`VerifyError::exceeds_ccl`], e.g. `AllReduceOneShot` needs `count * elem * world`) or
+//! refuses it as outside its domain ([`VerifyError::not_applicable`], e.g. `BroadcastPair`
+//! off 2 ranks with user-memory links).
 //! A configuration the operator selects must always pass; one its `validate` refuses (in-place
 //! AllToAll on several ranks) is not generated.
 
@@ -89,7 +91,12 @@ fn verify_kind(kind: OpKind) -> Vec<(&'static str, usize, usize)> {
                     };
                     match verify_entry(&reg, entry, &p, &cfg) {
                         Ok(_) => passed += 1,
-                        Err(e) if !selected(entry, &p, &cfg) && e.exceeds_ccl() => skipped += 1,
+                        Err(e)
+                            if !selected(entry, &p, &cfg)
+                                && (e.exceeds_ccl() || e.not_applicable()) =>
+                        {
+                            skipped += 1
+                        }
                         Err(e) => failures.push(format!(
                             "{} on {} (world {world}, rank {}, in_place {}, uml {user_mem_links}): {e}",
                             entry.name,
@@ -134,7 +141,13 @@ fn reduce_scatter_algorithms() {
 
 #[test]
 fn broadcast_algorithms() {
-    verify_kind(OpKind::Broadcast);
+    let r = verify_kind(OpKind::Broadcast);
+    let get = |n| r.iter().find(|x| x.0 == n).copied().expect("registered");
+    let (_, chain_ok, chain_skip) = get("BroadcastChain");
+    assert!(chain_ok > 0 && chain_skip == 0, "{r:?}");
+    // The pair runs every 2-rank configuration with user-memory links and refuses the rest.
+    let (_, pair_ok, pair_skip) = get("BroadcastPair");
+    assert!(pair_ok > 0 && pair_skip > pair_ok, "{r:?}");
 }
 
 #[test]

@@ -329,12 +329,17 @@ fn sink_rejections() {
         r.tasks.tx_wait_done(MAIN, peer)
     });
     let p2 = ar(2, 7, ReduceOp::Sum);
-    expect_rejected(&direct, &p2, &c, Reject::NotPeerWritable);
+    expect_rejected(&direct, &p2, &c, Reject::NotPeerAccessible);
     let uml = VerifyConfig {
         user_mem_links: true,
         ..c
     };
     verify(&direct, &p2, &uml).unwrap();
+    // So does offering the user input for reading; reading into it is a write.
+    let offer = Custom(mesh, |p, r| r.tasks.offer_async(MAIN, p.rank ^ 1, IN, 4));
+    expect_rejected(&offer, &p2, &c, Reject::NotPeerAccessible);
+    let read = Custom(mesh, |p, r| r.tasks.read_async(MAIN, p.rank ^ 1, IN, 4));
+    expect_rejected(&read, &p2, &uml, Reject::ReadOnly);
     let bad_req = Custom(
         |p| AlgResourceRequest::with_peers(p.rank + 7, [p.rank]),
         |_, _| Ok(()),
@@ -433,4 +438,64 @@ fn acks_and_fifo_depth() {
         &c,
         |e| matches!(e, VerifyError::Deadlock { stuck } if stuck[0].contains("FIFO full")),
     );
+}
+
+/// World 2: each rank stages its input in `CclIn`, offers it, and reads the peer's offer
+/// next to it, then reduces both in rank order. Bugs: `receive` posts a receive instead of
+/// the offer, `rx_done` completes the offer as a receive, `scribble` rewrites the offered
+/// slot before the peer's read is known complete.
+fn pull(p: &OpParam, res: &mut AlgResourceResponse<'_>, bug: &str) -> Result<()> {
+    let (nb, peer) = (p.count * p.elem(), 1 - p.rank);
+    let (mine, theirs) = (slot(p, 0), slot(p, 1));
+    let t = &mut *res.tasks;
+    t.copy(MAIN, mine, IN, nb)?;
+    if bug == "receive" {
+        t.rx_async(MAIN, peer, mine, nb)?;
+    } else {
+        t.offer_async(MAIN, peer, mine, nb)?;
+    }
+    t.read_async(MAIN, peer, theirs, nb)?;
+    if bug == "scribble" {
+        t.copy(MAIN, mine, OUT, nb)?;
+    }
+    t.tx_wait_done(MAIN, peer)?;
+    if bug == "rx_done" {
+        t.rx_wait_done(MAIN, peer, nb)?;
+    } else {
+        t.offer_wait_done(MAIN, peer, nb)?;
+    }
+    let (a, b) = if p.rank == 0 {
+        (mine, theirs)
+    } else {
+        (theirs, mine)
+    };
+    t.reduce(MAIN, p.dtype, p.op, OUT, a, b, p.count)
+}
+
+#[test]
+fn offers_and_reads() {
+    verify(
+        &Custom(mesh, |p, r| pull(p, r, "")),
+        &ar(2, 7, ReduceOp::Sum),
+        &cfg(),
+    )
+    .unwrap();
+    let exec = Custom(mesh, |p, r| pull(p, r, "receive"));
+    expect(
+        &exec,
+        &ar(2, 7, ReduceOp::Sum),
+        &cfg(),
+        |e| matches!(e, VerifyError::WayMismatch(m) if m.contains("reads") && m.contains("receive")),
+    );
+    let exec = Custom(mesh, |p, r| pull(p, r, "rx_done"));
+    expect(
+        &exec,
+        &ar(2, 7, ReduceOp::Sum),
+        &cfg(),
+        |e| matches!(e, VerifyError::WayMismatch(m) if m.contains("rx_wait_done")),
+    );
+    let exec = Custom(mesh, |p, r| pull(p, r, "scribble"));
+    expect(&exec, &ar(2, 7, ReduceOp::Sum), &cfg(), |e| {
+        matches!(e, VerifyError::Race { mem: "CclIn", .. }) && e.to_string().contains("remote read")
+    });
 }

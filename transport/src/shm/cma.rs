@@ -18,8 +18,9 @@ use crate::{Error, Result};
 /// under 2 GiB, anyway).
 const MAX_CHUNK: usize = 1 << 30;
 
+/// Which way a cross-memory transfer goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Direction {
+pub enum Direction {
     /// `process_vm_writev`: local → remote.
     Write,
     /// `process_vm_readv`: remote → local.

@@ -16,8 +16,8 @@ use super::segment::Segment;
 use crate::device::{CtsEntry, EagerHeader, IMM_ERROR, RmaDevice};
 use crate::shm::cma;
 
-/// Longest a failing rank waits for peers' writes into its user memory to finish.
-pub const USER_WRITE_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+/// Longest a failing rank waits for peers' accesses to its user memory to finish.
+pub const USER_ACCESS_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Memory keys of CTS entries.
 const KEY_WINDOW: u32 = 1;
@@ -119,9 +119,9 @@ impl ShmDevice {
 
     /// Marks this rank failed so peers stop waiting for it.
     ///
-    /// Returns once no peer is writing into our user memory any more (or after
-    /// [`USER_WRITE_GRACE`]), so the caller may give the user's buffers back: a peer that
-    /// checks the flag after this sees it and refuses to write (see `write`).
+    /// Returns once no peer is accessing our user memory any more (or after
+    /// [`USER_ACCESS_GRACE`]), so the caller may give the user's buffers back: a peer that
+    /// checks the flag after this sees it and refuses to access them (see `access`).
     pub fn mark_failed(&self, msg: &str) {
         let me = &self.views[self.rank];
         me.put_text(H_FAIL_MSG, msg);
@@ -132,7 +132,8 @@ impl ShmDevice {
             }
         }
         let t0 = std::time::Instant::now();
-        while me.u32(H_USER_WRITERS).load(Ordering::SeqCst) != 0 && t0.elapsed() < USER_WRITE_GRACE
+        while me.u32(H_USER_ACCESSES).load(Ordering::SeqCst) != 0
+            && t0.elapsed() < USER_ACCESS_GRACE
         {
             std::thread::yield_now();
         }
@@ -154,6 +155,102 @@ impl ShmDevice {
 
     fn mine(&self) -> &View {
         &self.views[self.rank]
+    }
+
+    /// A one-sided transfer between local `[buf, buf+len)` and `peer`'s `(key, addr)`: into
+    /// the peer (`Write`) or out of it (`Read`, memory the peer offered).
+    ///
+    /// # Safety
+    /// `buf` must be valid for `len` reads (`Write`) or writes (`Read`).
+    unsafe fn access(
+        &self,
+        peer: usize,
+        buf: *mut u8,
+        len: usize,
+        key: u32,
+        addr: u64,
+        dir: cma::Direction,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let local = |remote: *mut u8| {
+            let (dst, src) = match dir {
+                cma::Direction::Write => (remote, buf.cast_const()),
+                cma::Direction::Read => (buf, remote.cast_const()),
+            };
+            // SAFETY: the remote range is the peer's for exactly this transfer (bounds checked
+            // by the callers below); it does not touch it until our immediate arrives (or,
+            // failed, until we are done here); `buf` is valid by contract; the two lie in
+            // different buffers, so they do not overlap.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        };
+        match key {
+            KEY_WINDOW => {
+                let v = &self.views[peer];
+                let off = addr as usize;
+                let win = self.layout.window_off();
+                if off < win || off.checked_add(len).is_none_or(|end| end > v.len) {
+                    return Err(Error::Remote(format!(
+                        "{} named memory outside its window ({off}+{len})",
+                        self.peer_desc(peer)
+                    )));
+                }
+                // SAFETY: inside the peer's mapping (checked above).
+                local(unsafe { v.base.add(off) });
+                Ok(())
+            }
+            KEY_USER => {
+                // The peer's user buffer may be handed back to its application once the peer
+                // fails: announce the access, then check the peer's failure flag (the peer sets
+                // the flag, then waits for announced accesses to finish — `mark_failed`).
+                let v = &self.views[peer];
+                v.u32(H_USER_ACCESSES).fetch_add(1, Ordering::SeqCst);
+                let r = if v.u32(H_FAILED).load(Ordering::SeqCst) != 0 {
+                    Err(Error::Remote(format!(
+                        "{} failed before its buffer was accessed",
+                        self.peer_desc(peer)
+                    )))
+                } else if self.pids[peer] == std::process::id() {
+                    // A rank of this same process (thread mode): its address is ours.
+                    local(addr as usize as *mut u8);
+                    Ok(())
+                } else {
+                    let (pid, remote) = (self.pids[peer], addr as usize);
+                    match dir {
+                        cma::Direction::Write => {
+                            // SAFETY: `buf` valid for `len` reads by contract.
+                            let data = unsafe { std::slice::from_raw_parts(buf, len) };
+                            cma::write(pid, data, remote)
+                        }
+                        cma::Direction::Read => {
+                            // SAFETY: `buf` valid for `len` writes by contract and borrowed by
+                            // nothing else while the slice lives.
+                            let data = unsafe { std::slice::from_raw_parts_mut(buf, len) };
+                            cma::read(pid, data, remote)
+                        }
+                    }
+                    .map_err(|e| {
+                        // A peer killed during the transfer is a dead peer, not a system
+                        // error.
+                        if process_alive(self.pids[peer]) {
+                            e
+                        } else {
+                            Error::Remote(format!(
+                                "{} died while this rank accessed its buffer",
+                                self.peer_desc(peer)
+                            ))
+                        }
+                    })
+                };
+                v.u32(H_USER_ACCESSES).fetch_sub(1, Ordering::SeqCst);
+                r
+            }
+            k => Err(Error::Remote(format!(
+                "{} sent unknown memory key {k}",
+                self.peer_desc(peer)
+            ))),
+        }
     }
 }
 
@@ -199,66 +296,20 @@ impl RmaDevice for ShmDevice {
         key: u32,
         addr: u64,
     ) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        match key {
-            KEY_WINDOW => {
-                let v = &self.views[peer];
-                let off = addr as usize;
-                let win = self.layout.window_off();
-                if off < win || off.checked_add(len).is_none_or(|end| end > v.len) {
-                    return Err(Error::Remote(format!(
-                        "{} posted a receive outside its window ({off}+{len})",
-                        self.peer_desc(peer)
-                    )));
-                }
-                // SAFETY: bounds checked against the peer's mapping; `src` valid by contract;
-                // the receiver does not touch the buffer until our immediate arrives.
-                unsafe { std::ptr::copy_nonoverlapping(src, v.base.add(off), len) };
-                Ok(())
-            }
-            KEY_USER => {
-                // The peer's user buffer may be handed back to its application once the peer
-                // fails: announce the write, then check the peer's failure flag (the peer sets
-                // the flag, then waits for announced writes to finish — `mark_failed`).
-                let v = &self.views[peer];
-                v.u32(H_USER_WRITERS).fetch_add(1, Ordering::SeqCst);
-                let r = if v.u32(H_FAILED).load(Ordering::SeqCst) != 0 {
-                    Err(Error::Remote(format!(
-                        "{} failed before its buffer was written",
-                        self.peer_desc(peer)
-                    )))
-                } else if self.pids[peer] == std::process::id() {
-                    // A rank of this same process (thread mode): its address is ours.
-                    // SAFETY: the peer exposed this range for exactly this receive and does not
-                    // touch it until our immediate arrives (or, failed, until we are done
-                    // here); `src` is valid by contract.
-                    unsafe { std::ptr::copy_nonoverlapping(src, addr as usize as *mut u8, len) };
-                    Ok(())
-                } else {
-                    // SAFETY: `src` valid for `len` by contract.
-                    let data = unsafe { std::slice::from_raw_parts(src, len) };
-                    cma::write(self.pids[peer], data, addr as usize).map_err(|e| {
-                        // A peer killed during the write is a dead peer, not a system error.
-                        if process_alive(self.pids[peer]) {
-                            e
-                        } else {
-                            Error::Remote(format!(
-                                "{} died while this rank wrote into its buffer",
-                                self.peer_desc(peer)
-                            ))
-                        }
-                    })
-                };
-                v.u32(H_USER_WRITERS).fetch_sub(1, Ordering::SeqCst);
-                r
-            }
-            k => Err(Error::Remote(format!(
-                "{} sent unknown memory key {k}",
-                self.peer_desc(peer)
-            ))),
-        }
+        // SAFETY: `src` valid for `len` reads by contract.
+        unsafe { self.access(peer, src.cast_mut(), len, key, addr, cma::Direction::Write) }
+    }
+
+    unsafe fn read(
+        &self,
+        peer: usize,
+        dst: *mut u8,
+        len: usize,
+        key: u32,
+        addr: u64,
+    ) -> Result<()> {
+        // SAFETY: `dst` valid for `len` writes by contract.
+        unsafe { self.access(peer, dst, len, key, addr, cma::Direction::Read) }
     }
 
     fn write_imm(&self, peer: usize, slot: usize, imm: u32, len: u64) -> Result<()> {

@@ -30,8 +30,9 @@ pub const H_WORLD: usize = 16;
 pub const H_PID: usize = 20;
 pub const H_DOORBELL: usize = 64;
 pub const H_FAILED: usize = 128;
-/// Peers' writes into this rank's user memory in progress (see `ShmDevice::write`).
-pub const H_USER_WRITERS: usize = 160;
+/// Peers' writes into or reads from this rank's user memory in progress (see
+/// `ShmDevice::access`).
+pub const H_USER_ACCESSES: usize = 160;
 pub const H_PROBE: usize = 192;
 /// Seqlock-protected text areas: a sequence word followed by the bytes.
 pub const H_OP: usize = 256;
