@@ -73,6 +73,8 @@ pub struct Communicator {
 
 /// Bootstrap tag of communicator setup and split exchanges.
 const TAG_SPLIT: u64 = 0x5350_4c00_0000_0000;
+/// Bootstrap tag of the CPU sets gathered at init (see [`oversubscribed`]).
+const TAG_CPUS: u64 = 0x4350_5500_0000_0000;
 
 impl Communicator {
     /// Joins the communicator of `world` ranks named by `id` as `rank` (like
@@ -121,7 +123,7 @@ impl Communicator {
         let engine = Engine::new(dev.doorbell(), config.timeout);
         // Spinning only pays when every local rank has a core of its own: otherwise a spinning
         // rank delays the peer that shares its core.
-        let oversubscribed = oversubscribed(&boot);
+        let oversubscribed = oversubscribed(&boot)?;
         let default_spin = if oversubscribed {
             Duration::ZERO
         } else {
@@ -524,12 +526,68 @@ impl CommInner {
     }
 }
 
-/// Whether this host runs more ranks of the communicator than this process has CPUs.
-fn oversubscribed(boot: &Bootstrap) -> bool {
-    let local = boot
-        .host_ids()
+/// Whether this host runs more ranks of the communicator than the CPUs they may run on
+/// together: the union of the local ranks' affinity masks. Each rank's own mask is not enough:
+/// ranks pinned one per CPU (as MPI launchers and `ampccl-perf -g` pin them) each see one CPU,
+/// yet none shares its core.
+fn oversubscribed(boot: &Bootstrap) -> Result<bool> {
+    let all = boot.allgather(TAG_CPUS, &cpu_mask())?;
+    let here = boot.host_id();
+    let local: Vec<&[u8]> = all
         .iter()
-        .filter(|h| **h == boot.host_id())
-        .count();
-    local > std::thread::available_parallelism().map_or(1, |n| n.get())
+        .zip(boot.host_ids())
+        .filter(|(_, h)| **h == here)
+        .map(|(m, _)| m.as_slice())
+        .collect();
+    Ok(local.len() > cpus_in_union(&local))
+}
+
+/// The CPUs this thread may run on, as a bitmap (bit `c % 8` of byte `c / 8`); when the mask
+/// cannot be read, as many CPUs as `available_parallelism` counts.
+fn cpu_mask() -> Vec<u8> {
+    use rustix::thread::{CpuSet, sched_getaffinity};
+    let mut bits = vec![0u8; CpuSet::MAX_CPU.div_ceil(8)];
+    match sched_getaffinity(None) {
+        Ok(set) => (0..CpuSet::MAX_CPU)
+            .filter(|&c| set.is_set(c))
+            .for_each(|c| bits[c / 8] |= 1 << (c % 8)),
+        Err(_) => {
+            let n = std::thread::available_parallelism().map_or(1, |n| n.get());
+            (0..n.min(CpuSet::MAX_CPU)).for_each(|c| bits[c / 8] |= 1 << (c % 8));
+        }
+    }
+    bits
+}
+
+/// Number of CPUs in the union of bitmaps (at least 1).
+fn cpus_in_union(masks: &[&[u8]]) -> usize {
+    let len = masks.iter().map(|m| m.len()).max().unwrap_or(0);
+    let n: u32 = (0..len)
+        .map(|i| {
+            masks
+                .iter()
+                .fold(0u8, |acc, m| acc | m.get(i).copied().unwrap_or(0))
+                .count_ones()
+        })
+        .sum();
+    (n as usize).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pinned_ranks_count_the_union_of_their_cpus() {
+        let (cpu0, cpu1, both) = ([0b01u8], [0b10u8], [0b11u8]);
+        // Two ranks pinned to CPUs 0 and 1: two CPUs, not oversubscribed.
+        assert_eq!(cpus_in_union(&[&cpu0, &cpu1]), 2);
+        // Both pinned to CPU 0, or unpinned on a 2-CPU host.
+        assert_eq!(cpus_in_union(&[&cpu0, &cpu0]), 1);
+        assert_eq!(cpus_in_union(&[&both, &both, &both]), 2);
+        // Masks of different lengths; an empty set still counts one CPU.
+        assert_eq!(cpus_in_union(&[&[0u8, 0b1000_0000], &cpu1]), 2);
+        assert_eq!(cpus_in_union(&[&[]]), 1);
+        assert!(cpu_mask().iter().any(|b| *b != 0));
+    }
 }
