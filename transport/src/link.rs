@@ -4,9 +4,9 @@
 //! `tx_async` writes into the buffer the peer posted (receiver-driven, see
 //! [`crate::protocol`]); `tx_wait_done`/`rx_wait_done` complete them. `offer_async` and
 //! `read_async` are the same pair with the data flowing the other way: the owner offers its
-//! buffer like a receive, the peer reads it like a send (`offer_wait_done`/`tx_wait_done`). Messages the device takes
-//! eagerly ([`crate::eager`]) are sent without waiting for the clear-to-send and copied out of
-//! their slot by `rx_wait_done`. Sequence numbers are taken when an operation is enqueued, so a
+//! buffer like a receive, the peer reads it like a send (`offer_wait_done`/`tx_wait_done`).
+//! Messages the device takes eagerly ([`crate::eager`]) are sent without waiting for the
+//! clear-to-send and copied out of their slot by `rx_wait_done`. Sequence numbers are taken when an operation is enqueued, so a
 //! link's operations must be enqueued in the order the two sides agree on (as with NCCL, issue
 //! order defines matching).
 

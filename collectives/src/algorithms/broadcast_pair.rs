@@ -37,7 +37,7 @@ pub const MIN_BYTES: usize = 32 * 1024;
 pub struct BroadcastPair;
 
 /// Bytes the root writes (the receiver reads the rest): half the message, whole elements.
-pub fn root_bytes(p: &OpParam, bytes: usize) -> usize {
+fn root_bytes(p: &OpParam, bytes: usize) -> usize {
     bytes / 2 / p.elem() * p.elem()
 }
 
