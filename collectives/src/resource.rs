@@ -139,6 +139,9 @@ impl AlgResourceRequest {
 pub trait TaskSink {
     /// `len` bytes from `src` to `dst`.
     fn copy(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()>;
+    /// As `copy`, into the operation's output where nothing reads it again soon (a large
+    /// operation's final pieces): streaming stores from a smaller size.
+    fn copy_out(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()>;
     /// `dst = a op b` over `count` elements of `dtype` (`dst` may equal `a` or `b`).
     fn reduce(
         &mut self,

@@ -58,6 +58,23 @@ impl StreamSink<'_> {
             .ok_or_else(|| bug(format!("notify {n} was not requested")))
     }
 
+    /// A `Copy` (or, `out`, a `CopyOut`) task; none for an empty copy or one onto itself.
+    fn copy_task(&self, s: StreamId, dst: Mem, src: Mem, len: usize, out: bool) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let (dst, src) = (self.ptr(dst, len)?, self.ptr(src, len)?);
+        if std::ptr::eq(dst, src) {
+            return Ok(());
+        }
+        let t = if out {
+            Task::CopyOut { dst, src, len }
+        } else {
+            Task::Copy { dst, src, len }
+        };
+        self.push(s, t)
+    }
+
     fn push(&self, s: StreamId, t: Task) -> Result<()> {
         let st = self.stream(s)?;
         // SAFETY: every pointer in `t` was resolved by `ptr` inside a region the caller of the
@@ -73,21 +90,11 @@ fn bug(msg: String) -> Error {
 
 impl TaskSink for StreamSink<'_> {
     fn copy(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        let (d, r) = (self.ptr(dst, len)?, self.ptr(src, len)?);
-        if std::ptr::eq(d, r) {
-            return Ok(());
-        }
-        self.push(
-            s,
-            Task::Copy {
-                dst: d,
-                src: r,
-                len,
-            },
-        )
+        self.copy_task(s, dst, src, len, false)
+    }
+
+    fn copy_out(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()> {
+        self.copy_task(s, dst, src, len, true)
     }
 
     fn reduce(

@@ -6,8 +6,10 @@
 //! Streaming stores write whole lines without reading them: two bytes per byte. They also
 //! leave the cache alone, which is right for large copies into a final destination (the
 //! destination of a multi-megabyte copy does not fit in the cache anyway) and wrong for data
-//! another core reads at once, so only stream tasks' copies use them, not the transports'
-//! writes into a peer's window.
+//! another core reads at once, so only stream tasks' copies and reads out of a peer's window
+//! (which land in their final place) use them, not the transports' writes into a peer's
+//! window. [`copy_out`] streams from a smaller size, for callers that know the destination is
+//! an operation's output that nothing reads again soon.
 //!
 //! Streaming stores are weakly ordered: [`copy`] ends with `sfence`, so a release store after
 //! it (a completion flag another process polls) is ordered after the copied data, as it is after
@@ -17,6 +19,9 @@
 /// dev machine (`cargo bench -p ampccl-runtime --bench copy`): at 1 MiB (cache-resident) the
 /// streaming copy is slower than `memcpy`, from 4 MiB up it is faster (docs/PERFORMANCE.md).
 pub const STREAM_MIN: usize = 4 << 20;
+/// The same for [`copy_out`]: pieces of a large operation's output, which nothing reads again
+/// soon, stream from this size (the 2 MiB pieces of `AllReducePair`, docs/PERFORMANCE.md).
+pub const STREAM_OUT_MIN: usize = 1 << 20;
 
 /// Copies `len` bytes from `src` to `dst`.
 ///
@@ -24,8 +29,27 @@ pub const STREAM_MIN: usize = 4 << 20;
 /// As [`std::ptr::copy_nonoverlapping`]: `src` valid for `len` reads, `dst` for `len` writes,
 /// the two ranges disjoint.
 pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: forwarded.
+    unsafe { copy_streaming_from(dst, src, len, STREAM_MIN) }
+}
+
+/// Copies `len` bytes into an operation's output that is not read again soon: streaming
+/// stores from [`STREAM_OUT_MIN`] bytes.
+///
+/// # Safety
+/// As [`copy`].
+pub unsafe fn copy_out(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: forwarded.
+    unsafe { copy_streaming_from(dst, src, len, STREAM_OUT_MIN) }
+}
+
+/// A copy with streaming stores from `min` bytes (where the CPU has AVX2), else `memcpy`.
+///
+/// # Safety
+/// As [`copy`].
+unsafe fn copy_streaming_from(dst: *mut u8, src: *const u8, len: usize, min: usize) {
     #[cfg(target_arch = "x86_64")]
-    if len >= STREAM_MIN && std::arch::is_x86_feature_detected!("avx2") {
+    if len >= min && std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 is present (checked above); the ranges are the caller's.
         unsafe { stream_avx2(dst, src, len) };
         return;

@@ -83,6 +83,13 @@ pub enum Task {
         src: *const u8,
         len: usize,
     },
+    /// As `Copy`, into an operation's output that is not read again soon
+    /// ([`crate::copy::copy_out`]: streaming stores from a smaller size).
+    CopyOut {
+        dst: *mut u8,
+        src: *const u8,
+        len: usize,
+    },
     /// `dst[i] = a[i] op b[i]` over `count` elements (`dst` may equal `a` or `b`).
     Reduce {
         dtype: DataType,
@@ -126,6 +133,11 @@ impl Task {
             Task::Copy { dst, src, len } => {
                 // SAFETY: valid, non-overlapping by the enqueue contract.
                 unsafe { crate::copy::copy(*dst, *src, *len) };
+                Poll::Ready(Ok(()))
+            }
+            Task::CopyOut { dst, src, len } => {
+                // SAFETY: as for `Copy`.
+                unsafe { crate::copy::copy_out(*dst, *src, *len) };
                 Poll::Ready(Ok(()))
             }
             Task::Reduce {
@@ -183,6 +195,7 @@ impl fmt::Debug for Task {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Task::Copy { len, .. } => write!(f, "copy of {len} bytes"),
+            Task::CopyOut { len, .. } => write!(f, "copy of {len} bytes into an output"),
             Task::Reduce {
                 dtype, op, count, ..
             } => {

@@ -329,3 +329,27 @@ fn broadcast_w2_chain() {
 fn broadcast_w2_without_cma() {
     launch(2, "broadcast", &[("AMPCCL_SHM_CMA", "0")]);
 }
+
+/// The operator picks `AllReducePair` only from 32 MiB on 2 ranks; forced, every case runs it
+/// (the big count takes two rounds): in place straight from the output, and, without
+/// cross-memory attach, through `CclOut`.
+#[test]
+fn allreduce_w2_pair() {
+    launch(
+        2,
+        "allreduce",
+        &[("AMPCCL_ALGO_ALLREDUCE", "AllReducePair")],
+    );
+}
+
+#[test]
+fn allreduce_w2_pair_without_cma() {
+    launch(
+        2,
+        "allreduce",
+        &[
+            ("AMPCCL_ALGO_ALLREDUCE", "AllReducePair"),
+            ("AMPCCL_SHM_CMA", "0"),
+        ],
+    );
+}

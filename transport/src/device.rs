@@ -76,7 +76,8 @@ pub trait RmaDevice: Send + Sync {
         addr: u64,
     ) -> Result<()>;
     /// One-sided read of `peer`'s `(key, addr)` (memory the peer offered for reading) into
-    /// local `[dst, dst+len)`.
+    /// local `[dst, dst+len)`. The data lands in its final place (an operation's output), so a
+    /// device may store it without keeping it in the cache (streaming stores).
     ///
     /// # Safety
     /// `dst` must be valid for `len` writes.

@@ -8,6 +8,7 @@ use crate::op::OpKind;
 pub mod allgather_mesh;
 pub mod allgather_ring;
 pub mod allreduce_oneshot;
+pub mod allreduce_pair;
 pub mod allreduce_ring;
 pub mod alltoall_pairwise;
 pub mod barrier_mesh;
@@ -30,6 +31,11 @@ pub fn builtin() -> Vec<(&'static str, OpKind, Arc<dyn Executor>)> {
             "AllReduceOneShot",
             OpKind::AllReduce,
             Arc::new(allreduce_oneshot::AllReduceOneShot),
+        ),
+        (
+            "AllReducePair",
+            OpKind::AllReduce,
+            Arc::new(allreduce_pair::AllReducePair),
         ),
         (
             "AllGatherMesh",

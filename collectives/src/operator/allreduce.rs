@@ -1,5 +1,7 @@
-//! AllReduce operator: one-shot for small messages, ring otherwise.
+//! AllReduce operator: one-shot for small messages, the pair for large ones on 2 ranks, ring
+//! otherwise.
 
+use crate::algorithms::allreduce_pair;
 use crate::executor::{Operator, SelectCtx};
 use crate::op::OpParam;
 
@@ -16,8 +18,11 @@ pub struct AllReduceOperator;
 
 impl Operator for AllReduceOperator {
     fn select_alg(&self, p: &OpParam, ctx: &SelectCtx) -> (&'static str, u64) {
-        if p.count * p.elem() * p.world <= ONE_SHOT_MAX_BYTES.min(ctx.ccl_size) {
+        let bytes = p.count * p.elem();
+        if bytes * p.world <= ONE_SHOT_MAX_BYTES.min(ctx.ccl_size) {
             ("AllReduceOneShot", 0)
+        } else if p.world == 2 && bytes >= allreduce_pair::MIN_BYTES {
+            ("AllReducePair", 0)
         } else {
             ("AllReduceRing", 0)
         }

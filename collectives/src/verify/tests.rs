@@ -127,6 +127,9 @@ fn all_reduce_algorithms() {
     assert!(ring_ok > 0 && ring_skip == 0, "{r:?}");
     let (_, one_ok, one_skip) = get("AllReduceOneShot");
     assert!(one_ok > 0 && one_skip > 0, "{r:?}");
+    // The pair runs every 2-rank configuration and refuses the rest.
+    let (_, pair_ok, pair_skip) = get("AllReducePair");
+    assert!(pair_ok > 0 && pair_skip > pair_ok, "{r:?}");
 }
 
 #[test]

@@ -179,11 +179,16 @@ impl ShmDevice {
                 cma::Direction::Write => (remote, buf.cast_const()),
                 cma::Direction::Read => (buf, remote.cast_const()),
             };
-            // SAFETY: the remote range is the peer's for exactly this transfer (bounds checked
-            // by the callers below); it does not touch it until our immediate arrives (or,
-            // failed, until we are done here); `buf` is valid by contract; the two lie in
-            // different buffers, so they do not overlap.
-            unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+            // SAFETY (both arms): the remote range is the peer's for exactly this transfer
+            // (bounds checked by the callers below); it does not touch it until our immediate
+            // arrives (or, failed, until we are done here); `buf` is valid by contract; the two
+            // lie in different buffers, so they do not overlap.
+            match dir {
+                // The peer reads what we write at once: keep it in the cache.
+                cma::Direction::Write => unsafe { std::ptr::copy_nonoverlapping(src, dst, len) },
+                // A read lands in its final place (see `RmaDevice::read`).
+                cma::Direction::Read => unsafe { ampccl_runtime::copy::copy_out(dst, src, len) },
+            }
         };
         match key {
             KEY_WINDOW => {

@@ -1,0 +1,97 @@
+//! `AllReducePair`: a large allreduce between 2 ranks that writes each output byte once, with
+//! streaming stores.
+//!
+//! ```text
+//! per round (one slot's worth of each rank's half):
+//!   rx(peer's piece of my half → CclIn slot) ── tx(my piece of the peer's half → peer's slot)
+//!   ── both done ── reduce(my input + slot → CclOut) ── offer(CclOut)
+//!   ── copy_out(CclOut → my output) ── read(peer's CclOut → my output) ── both done
+//! ```
+//! The ring ([`super::allreduce_ring`]) on 2 ranks reduces into the output and then writes the
+//! reduced half into the peer's output (cross-memory attach). Both stores miss the cache, and
+//! each first reads the line it is about to overwrite (read for ownership), so each output
+//! byte costs three bytes of memory traffic. Here the reduction lands in `CclOut`, a
+//! cache-resident piece of the shared window. Each rank then copies its own result into its
+//! output and reads the peer's result out of the peer's window (a read offer) into its output,
+//! with streaming stores in both cases: two bytes of traffic per output byte, and the two
+//! ranks still copy at the same time. It costs one more pass over each half. So it pays only
+//! once the outputs far exceed the cache ([`MIN_BYTES`]). In place, with links that reach user
+//! memory, a rank reduces straight into its output and offers it from there (no extra pass,
+//! nothing to stream). Without such links every transfer goes through the windows.
+
+use ampccl_runtime::{Error, ReduceOp, Result};
+
+use crate::executor::Executor;
+use crate::op::OpParam;
+use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, MAIN, Mem};
+use crate::steps::blocks::{Blocks, rounds};
+use crate::steps::pipe::copy_through;
+use crate::steps::ring::Ring;
+
+/// Smallest message the operator hands to this algorithm on 2 ranks. 3 alternated runs, µs
+/// out of place / in place (`AMPCCL_ALGO_ALLREDUCE=... ampccl-perf -g 2 -o allreduce -b 16M -e
+/// 32M -f 2 -n 20 -w 4`), pair vs ring: 16 MiB 2857–3027/2360–2677 vs 3162–3368/2287–2351,
+/// 32 MiB 6207–6792/6474–7579 vs 7856–8923/5891–6714; at 64 MiB (2 runs, `-n 6`) 12683–12735/
+/// 13589–13901 vs 16274–17374/13438–13827. In place the pair reads the peer's result with
+/// cross-memory attach where the ring writes it, a little slower, so the pair starts where
+/// out of place gains a third and in place loses a few per cent.
+pub const MIN_BYTES: usize = 32 << 20;
+
+pub struct AllReducePair;
+
+impl Executor for AllReducePair {
+    fn calc_res_request(&self, p: &OpParam) -> AlgResourceRequest {
+        AlgResourceRequest::ring(p.rank, p.world)
+    }
+
+    fn orchestrate(&self, p: &OpParam, res: &mut AlgResourceResponse<'_>) -> Result<()> {
+        let e = p.elem();
+        if p.world == 1 {
+            return copy_through(p, res, p.count * e);
+        }
+        if p.world != 2 {
+            return Err(Error::InvalidArgument(format!(
+                "AllReducePair needs 2 ranks (world {})",
+                p.world
+            )));
+        }
+        let mut r = Ring::new(p, res.ccl_in_size);
+        // Each round reduces one slot (and at most one `CclOut`) per rank.
+        let piece = r.slot_elems(e).min(res.ccl_out_size / e).max(1);
+        let (input, output) = (Mem::of(BufKind::UserIn), Mem::of(BufKind::UserOut));
+        // In place (links reaching user memory) the result is reduced into the output and
+        // offered from there: the ring's passes, the output cached. Out of place it goes
+        // through `CclOut` (above). The peer reads whichever memory the offer names, so the
+        // two ranks may choose differently.
+        let direct = p.in_place && res.user_mem_links;
+        let staged = Mem::of(BufKind::CclOut);
+        let peer = 1 - p.rank;
+        for (start, len) in rounds(p.count, 2 * piece) {
+            let halves = Blocks {
+                count: len,
+                parts: 2,
+            };
+            let ((mo, ml), (to, tl)) = (halves.block(p.rank), halves.block(peer));
+            let (mo, to) = ((start + mo) * e, (start + to) * e);
+            let slot = r.next_slot();
+            let t = &mut *res.tasks;
+            t.rx_async(MAIN, peer, slot, ml * e)?;
+            t.tx_async(MAIN, peer, input.add(to), tl * e)?;
+            t.rx_wait_done(MAIN, peer, ml * e)?;
+            t.tx_wait_done(MAIN, peer)?;
+            let at = if direct { output.add(mo) } else { staged };
+            t.reduce(MAIN, p.dtype, p.op, at, input.add(mo), slot, ml)?;
+            if p.op == ReduceOp::Avg {
+                t.finish_avg(MAIN, p.dtype, at, ml, 2)?;
+            }
+            t.offer_async(MAIN, peer, at, ml * e)?;
+            if !direct {
+                t.copy_out(MAIN, output.add(mo), staged, ml * e)?;
+            }
+            t.read_async(MAIN, peer, output.add(to), tl * e)?;
+            t.tx_wait_done(MAIN, peer)?;
+            t.offer_wait_done(MAIN, peer, ml * e)?;
+        }
+        Ok(())
+    }
+}
