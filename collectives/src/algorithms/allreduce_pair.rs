@@ -28,14 +28,15 @@ use crate::steps::blocks::{Blocks, rounds};
 use crate::steps::pipe::copy_through;
 use crate::steps::ring::Ring;
 
-/// Smallest message the operator hands to this algorithm on 2 ranks. 3 alternated runs, µs
-/// out of place / in place (`AMPCCL_ALGO_ALLREDUCE=... ampccl-perf -g 2 -o allreduce -b 16M -e
-/// 32M -f 2 -n 20 -w 4`), pair vs ring: 16 MiB 2857–3027/2360–2677 vs 3162–3368/2287–2351,
-/// 32 MiB 6207–6792/6474–7579 vs 7856–8923/5891–6714; at 64 MiB (2 runs, `-n 6`) 12683–12735/
-/// 13589–13901 vs 16274–17374/13438–13827. In place the pair reads the peer's result with
-/// cross-memory attach where the ring writes it, a little slower, so the pair starts where
-/// out of place gains a third and in place loses a few per cent.
-pub const MIN_BYTES: usize = 32 << 20;
+/// Smallest message the operator hands to this algorithm on 2 ranks. µs out of place / in
+/// place, pair vs ring (`AMPCCL_ALGO_ALLREDUCE=... ampccl-perf -g 2 -o allreduce`): 16 MiB, 5
+/// alternated runs (`-b 16M -e 16M -n 40 -w 8`), 2630–2987/2144–2198 vs 2826–3201/2123–2306;
+/// 32 MiB, 3 runs (`-b 16M -e 32M -f 2 -n 20 -w 4`), 6207–6792/6474–7579 vs 7856–8923/
+/// 5891–6714; 64 MiB, 2 runs (`-b 4M -e 128M -f 2 -n 6 -w 2`), 12683–12735/13589–13901 vs
+/// 16274–17374/13438–13827; 8 MiB (same runs) 1342–1382/1085–1202 vs 1365–1373/1096–1102, no
+/// gain. In place the pair reads the peer's result with cross-memory attach where the ring
+/// writes it: about a tie.
+pub const MIN_BYTES: usize = 16 << 20;
 
 pub struct AllReducePair;
 
