@@ -20,7 +20,8 @@ fn worker_entry() {
         let comm = init_comm()?;
         let c = &comm;
         match scenario {
-            "allreduce" => each_dtype!(allreduce(c)),
+            "allreduce" => each_dtype!(allreduce(c, false)),
+            "allreduce_mixed" => each_dtype!(allreduce(c, true)),
             "allgather" => each_dtype!(allgather(c)),
             "reduce_scatter" => each_dtype!(reduce_scatter(c)),
             "broadcast" => each_dtype!(broadcast(c)),
@@ -72,11 +73,13 @@ fn what<T: TestElem>(
     )
 }
 
-fn allreduce<T: TestElem>(c: &Communicator) -> Outcome {
+/// `mixed`: odd ranks run each case in the other placement (NCCL lets ranks differ).
+fn allreduce<T: TestElem>(c: &Communicator, mixed: bool) -> Outcome {
     let (rank, world) = (c.rank(), c.world());
     for (n, op) in cases::<T>(true) {
-        for in_place in [false, true] {
-            let s = salt(1, n, in_place, 0);
+        for case_in_place in [false, true] {
+            let s = salt(1, n, case_in_place, 0);
+            let in_place = case_in_place ^ (mixed && rank % 2 == 1);
             let w = what::<T>(c, "allreduce", op, n, in_place);
             let want = reduced::<T>(world, n, op, s);
             let mine = input::<T>(rank, n, op, s);
@@ -304,6 +307,7 @@ macro_rules! world_tests {
 }
 
 world_tests!("allreduce": allreduce_w1 = 1, allreduce_w2 = 2, allreduce_w3 = 3, allreduce_w4 = 4);
+world_tests!("allreduce_mixed": allreduce_mixed_w2 = 2, allreduce_mixed_w3 = 3);
 world_tests!("allgather": allgather_w1 = 1, allgather_w2 = 2, allgather_w3 = 3, allgather_w4 = 4);
 world_tests!("reduce_scatter":
     reduce_scatter_w1 = 1, reduce_scatter_w2 = 2, reduce_scatter_w3 = 3, reduce_scatter_w4 = 4);
@@ -338,6 +342,17 @@ fn allreduce_w2_pair() {
     launch(
         2,
         "allreduce",
+        &[("AMPCCL_ALGO_ALLREDUCE", "AllReducePair")],
+    );
+}
+
+/// Ranks in different placements: the pair's in-place rank offers its output, the other its
+/// `CclOut`.
+#[test]
+fn allreduce_w2_pair_mixed_placement() {
+    launch(
+        2,
+        "allreduce_mixed",
         &[("AMPCCL_ALGO_ALLREDUCE", "AllReducePair")],
     );
 }
