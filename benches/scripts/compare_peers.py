@@ -122,7 +122,7 @@ def run_bench(backend, op, ranks, sizes):
                script] + args
     out = sh(cmd, env)
     text = out[out.index(HEADER):]
-    rows = rows_of(text)
+    rows = rows_of(text, op)
     return {s: float(r["time_us"]) for s, r in rows.items()}, {s: int(r["wrong"]) for s, r in rows.items()}
 
 

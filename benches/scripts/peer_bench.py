@@ -133,7 +133,8 @@ def main():
         alg = nbytes / dt / 1e9
         if b.rank == 0:
             print(f"{a.op},{n},{nbytes},{max(cin, cout)},float,{'none' if a.op in ('allgather', 'broadcast') else 'sum'},"
-                  f"{0 if a.op == 'broadcast' else -1},out,{dt * 1e6:.3f},{alg:.4f},{alg * BUS[a.op](n):.4f},{wrong}")
+                  f"{0 if a.op == 'broadcast' else -1},{'in' if a.op == 'broadcast' else 'out'},"
+                  f"{dt * 1e6:.3f},{alg:.4f},{alg * BUS[a.op](n):.4f},{wrong}")
             sys.stdout.flush()
     b.close()
 
