@@ -10,14 +10,14 @@
 //!   (`dst = a ⊕ b`), one `&mut` plus one `&` (in place, `dst == a` or `dst == b`), or a single
 //!   `&mut` (`dst == a == b`). Non-aliasing slices are what lets LLVM vectorize without runtime
 //!   overlap checks.
-//! * `f16` / `bf16` are reduced in `f32`: blocks of [`HALF_BLOCK`] elements are widened into stack
-//!   buffers (`f16`: `half`'s F16C bulk conversion; `bf16`: vectorized bit manipulation),
-//!   reduced with the `f32`
-//!   kernel, and rounded back. Each result is rounded once, exactly as the per-element
-//!   `from_f32(op(a.to_f32(), b.to_f32()))` would.
-//! * On x86-64 the loops are additionally compiled with AVX2 enabled and chosen at run time with
-//!   `is_x86_feature_detected!("avx2")` (the detection result is cached by `std`). Both variants
-//!   come from the same generic source; nothing is written twice.
+//! * `f16` / `bf16` are reduced in `f32`, [`HALF_LANES`] elements at a time held in registers:
+//!   widened (`f16`: F16C's `vcvtph2ps`; `bf16`: a shift), reduced, and rounded back (`f16`:
+//!   `vcvtps2ph`; `bf16`: vectorized bit manipulation). Each result is rounded once, exactly as
+//!   the per-element `from_f32(op(a.to_f32(), b.to_f32()))` would.
+//! * On x86-64 the loops are additionally compiled with AVX2 and F16C enabled and chosen at run
+//!   time with `is_x86_feature_detected!` (the detection result is cached by `std`). Both
+//!   variants come from the same generic source; nothing is written twice. The variant a loop is
+//!   compiled for is a type ([`Isa`]), so code that needs F16C's intrinsics can test for it.
 //!
 //! # Semantics
 //!
@@ -33,12 +33,8 @@
 //!   exact count and round once.
 
 use crate::dtype::{DataType, Element, ReduceOp};
-use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 use std::marker::PhantomData;
-
-/// Number of `f16`/`bf16` elements widened to `f32` at a time (two 1 KiB stack buffers).
-pub const HALF_BLOCK: usize = 256;
 
 // ---------------------------------------------------------------------------------------------
 // Public entry points
@@ -354,94 +350,154 @@ fn run_kernel<T: Arith, O: BinOp>(ops: Operands<'_, T>) {
     }
 }
 
-/// `f16`/`bf16` block conversion to and from `f32` (exact widening, round-to-nearest-even
-/// narrowing, bit-identical to `half`'s scalar `to_f32` / `from_f32`).
+/// Elements of `f16`/`bf16` converted and reduced at a time: two AVX2 vectors of `f32`.
+pub const HALF_LANES: usize = 16;
+
+/// `f16`/`bf16` conversion to and from `f32`, [`HALF_LANES`] elements at a time (exact
+/// widening, round-to-nearest-even narrowing, bit-identical to `half`'s scalar `to_f32` /
+/// `from_f32`).
 trait HalfFloat: Copy {
-    fn widen(src: &[Self], dst: &mut [f32]);
-    fn narrow(dst: &mut [Self], src: &[f32]);
+    const ZERO: Self;
+    fn widen<I: Isa>(src: &[Self; HALF_LANES]) -> [f32; HALF_LANES];
+    fn narrow<I: Isa>(src: &[f32; HALF_LANES]) -> [Self; HALF_LANES];
 }
 
 impl HalfFloat for f16 {
-    /// `half`'s bulk conversion (F16C instructions when the CPU has them).
+    const ZERO: Self = f16::ZERO;
+
+    /// F16C's `vcvtph2ps` where [`dispatch`] enabled it, else `half`'s conversion.
     #[inline(always)]
-    fn widen(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst)
+    fn widen<I: Isa>(src: &[Self; HALF_LANES]) -> [f32; HALF_LANES] {
+        #[cfg(target_arch = "x86_64")]
+        if I::F16C {
+            use std::arch::x86_64::{__m128i, __m256, _mm_loadu_si128, _mm256_cvtph_ps};
+            let p = src.as_ptr().cast::<__m128i>();
+            // SAFETY: `I::F16C` is true only inside `dispatch`'s function compiled with F16C,
+            // entered after detecting F16C. `src` holds 16 `f16`, 32 bytes: the two unaligned
+            // 16-byte loads stay inside it. `[__m256; 2]` and `[f32; 16]` have the same size and
+            // every bit pattern is valid for both.
+            return unsafe {
+                std::mem::transmute::<[__m256; 2], [f32; HALF_LANES]>([
+                    _mm256_cvtph_ps(_mm_loadu_si128(p)),
+                    _mm256_cvtph_ps(_mm_loadu_si128(p.add(1))),
+                ])
+            };
+        }
+        src.map(f16::to_f32)
     }
+
+    /// F16C's `vcvtps2ph` (round to nearest even) where [`dispatch`] enabled it, else `half`'s.
     #[inline(always)]
-    fn narrow(dst: &mut [Self], src: &[f32]) {
-        dst.convert_from_f32_slice(src)
+    fn narrow<I: Isa>(src: &[f32; HALF_LANES]) -> [Self; HALF_LANES] {
+        #[cfg(target_arch = "x86_64")]
+        if I::F16C {
+            use std::arch::x86_64::{__m128i, __m256, _MM_FROUND_TO_NEAREST_INT, _mm256_cvtps_ph};
+            // SAFETY: as in `widen` for F16C. `[f32; 16]` and `[__m256; 2]` have the same size
+            // and every bit pattern is valid for both, as for `[__m128i; 2]` and `[f16; 16]`.
+            return unsafe {
+                let [lo, hi]: [__m256; 2] = std::mem::transmute(*src);
+                std::mem::transmute::<[__m128i; 2], [f16; HALF_LANES]>([
+                    _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(lo),
+                    _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(hi),
+                ])
+            };
+        }
+        src.map(f16::from_f32)
     }
 }
 
 impl HalfFloat for bf16 {
+    const ZERO: Self = bf16::ZERO;
+
+    /// A shift: `bf16` is the upper half of an `f32`.
+    #[inline(always)]
+    fn widen<I: Isa>(src: &[Self; HALF_LANES]) -> [f32; HALF_LANES] {
+        let mut out = [0f32; HALF_LANES];
+        for (o, s) in out.iter_mut().zip(src) {
+            *o = f32::from_bits(u32::from(s.to_bits()) << 16);
+        }
+        out
+    }
+
     /// Branch-free bit manipulation, so it vectorizes (`half` converts `bf16` one by one).
     #[inline(always)]
-    fn widen(src: &[Self], dst: &mut [f32]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            *d = f32::from_bits(u32::from(s.to_bits()) << 16);
-        }
-    }
-    #[inline(always)]
-    fn narrow(dst: &mut [Self], src: &[f32]) {
-        for (d, s) in dst.iter_mut().zip(src) {
-            let x = s.to_bits();
+    fn narrow<I: Isa>(src: &[f32; HALF_LANES]) -> [Self; HALF_LANES] {
+        let mut out = [bf16::ZERO; HALF_LANES];
+        for (o, &x) in out.iter_mut().zip(src) {
+            let b = x.to_bits();
             // Round to nearest, ties to even; carries into the exponent (up to infinity) as
             // it should. NaNs are truncated and made quiet, as `bf16::from_f32` does.
-            let rounded = (x.wrapping_add(0x7fff + ((x >> 16) & 1)) >> 16) as u16;
-            let quiet_nan = ((x >> 16) | 0x0040) as u16;
-            let is_nan = x & 0x7fff_ffff > 0x7f80_0000;
-            *d = bf16::from_bits(if is_nan { quiet_nan } else { rounded });
+            let rounded = b.wrapping_add(0x7fff + ((b >> 16) & 1));
+            let bits = if x.is_nan() { b | 0x0040_0000 } else { rounded };
+            *o = bf16::from_bits((bits >> 16) as u16);
         }
+        out
     }
 }
 
-/// Reduction of `f16`/`bf16` operands through `f32` blocks of [`HALF_BLOCK`] elements.
+/// `f(x, y)` on one lane group, computed in `f32` and rounded once.
 #[inline(always)]
-fn run_half<H: HalfFloat, O: BinOp>(ops: Operands<'_, H>) {
-    let mut fa = [0f32; HALF_BLOCK];
-    let mut fb = [0f32; HALF_BLOCK];
-    // `(x, y)` widened, reduced in `fa`, rounded back into `out`.
-    let mut block = |out: &mut [H], x: Option<&[H]>, y: Option<&[H]>, swap: bool| {
-        let n = out.len();
-        let (fa, fb) = (&mut fa[..n], &mut fb[..n]);
-        H::widen(x.unwrap_or(out), fa);
-        match y {
-            Some(y) => H::widen(y, fb),
-            None => fb.copy_from_slice(fa),
-        }
-        if swap {
-            kernel2::<f32, O, true>(fa, fb);
-        } else {
-            kernel2::<f32, O, false>(fa, fb);
-        }
-        H::narrow(out, fa);
-    };
-    match ops {
-        Operands::Three { dst, a, b } => {
-            for ((d, a), b) in dst
-                .chunks_mut(HALF_BLOCK)
-                .zip(a.chunks(HALF_BLOCK))
-                .zip(b.chunks(HALF_BLOCK))
-            {
-                block(d, Some(a), Some(b), false);
-            }
-        }
-        Operands::Left { dst, src } => {
-            for (d, s) in dst.chunks_mut(HALF_BLOCK).zip(src.chunks(HALF_BLOCK)) {
-                block(d, None, Some(s), false);
-            }
-        }
-        Operands::Right { dst, src } => {
-            for (d, s) in dst.chunks_mut(HALF_BLOCK).zip(src.chunks(HALF_BLOCK)) {
-                block(d, None, Some(s), true);
-            }
-        }
-        Operands::Same { dst } => {
-            for d in dst.chunks_mut(HALF_BLOCK) {
-                block(d, None, None, false);
-            }
-        }
+fn half_group<H: HalfFloat, I: Isa>(
+    x: &[H; HALF_LANES],
+    y: &[H; HALF_LANES],
+    f: impl Fn(f32, f32) -> f32,
+) -> [H; HALF_LANES] {
+    let (mut x, y) = (H::widen::<I>(x), H::widen::<I>(y));
+    for (x, y) in x.iter_mut().zip(y) {
+        *x = f(*x, y);
     }
+    H::narrow::<I>(&x)
+}
+
+/// `dst[i] = f(x[i], y[i])` over `f16`/`bf16` operands, through `f32` lane groups; an operand
+/// that is `dst` itself (in place) is `None`.
+#[inline(always)]
+fn run_half<H: HalfFloat, I: Isa>(ops: Operands<'_, H>, f: impl Fn(f32, f32) -> f32 + Copy) {
+    let (dst, x, y) = match ops {
+        Operands::Three { dst, a, b } => (dst, Some(a), Some(b)),
+        Operands::Left { dst, src } => (dst, None, Some(src)),
+        Operands::Right { dst, src } => (dst, Some(src), None),
+        Operands::Same { dst } => (dst, None, None),
+    };
+    let (xs, ys) = (x.map(<[H]>::as_chunks), y.map(<[H]>::as_chunks));
+    let (full, tail) = dst.as_chunks_mut::<HALF_LANES>();
+    for (k, d) in full.iter_mut().enumerate() {
+        let x = xs.map_or_else(|| *d, |(g, _)| g[k]);
+        let y = ys.map_or_else(|| *d, |(g, _)| g[k]);
+        *d = half_group::<H, I>(&x, &y, f);
+    }
+    if !tail.is_empty() {
+        // The last, partial group, zero-padded.
+        let pad = |s: &[H]| {
+            let mut v = [H::ZERO; HALF_LANES];
+            v[..s.len()].copy_from_slice(s);
+            v
+        };
+        let x = pad(xs.map_or(tail, |(_, t)| t));
+        let y = pad(ys.map_or(tail, |(_, t)| t));
+        let out = half_group::<H, I>(&x, &y, f);
+        tail.copy_from_slice(&out[..tail.len()]);
+    }
+}
+
+/// The instruction set a [`Job`] is compiled for (see [`dispatch`]).
+trait Isa {
+    /// Whether F16C conversions may be used.
+    const F16C: bool;
+}
+
+/// The target's baseline (SSE2 on x86-64).
+struct Baseline;
+impl Isa for Baseline {
+    const F16C: bool = false;
+}
+
+/// AVX2 and F16C (every CPU with AVX2 so far also has F16C; both are checked).
+#[cfg(target_arch = "x86_64")]
+struct Avx2;
+#[cfg(target_arch = "x86_64")]
+impl Isa for Avx2 {
+    const F16C: bool = true;
 }
 
 /// One monomorphized kernel invocation, runnable under different target features.
@@ -449,24 +505,24 @@ fn run_half<H: HalfFloat, O: BinOp>(ops: Operands<'_, H>) {
 /// A trait rather than a closure because `run` must be `#[inline(always)]`: its body has to be
 /// generated inside the AVX2 function of [`dispatch`], not called from it.
 trait Job {
-    fn run(self);
+    fn run<I: Isa>(self);
 }
 
 /// `dst ⊕= …` on a natively computed type.
 struct Native<'a, T, O>(Operands<'a, T>, PhantomData<O>);
 impl<T: Arith, O: BinOp> Job for Native<'_, T, O> {
     #[inline(always)]
-    fn run(self) {
+    fn run<I: Isa>(self) {
         run_kernel::<T, O>(self.0)
     }
 }
 
-/// `dst ⊕= …` on `f16`/`bf16`, through `f32`.
-struct Half<'a, H, O>(Operands<'a, H>, PhantomData<O>);
-impl<H: HalfFloat, O: BinOp> Job for Half<'_, H, O> {
+/// `dst = f(x, y)` on `f16`/`bf16`, through `f32`: a reduction, or `Avg`'s division.
+struct Half<'a, H, F>(Operands<'a, H>, F);
+impl<H: HalfFloat, F: Fn(f32, f32) -> f32 + Copy> Job for Half<'_, H, F> {
     #[inline(always)]
-    fn run(self) {
-        run_half::<H, O>(self.0)
+    fn run<I: Isa>(self) {
+        run_half::<H, I>(self.0, self.1)
     }
 }
 
@@ -474,7 +530,7 @@ impl<H: HalfFloat, O: BinOp> Job for Half<'_, H, O> {
 struct DivFloat<'a, T>(&'a mut [T], T);
 impl<T: Copy + std::ops::DivAssign> Job for DivFloat<'_, T> {
     #[inline(always)]
-    fn run(self) {
+    fn run<I: Isa>(self) {
         let n = self.1;
         self.0.iter_mut().for_each(|x| *x /= n);
     }
@@ -488,29 +544,28 @@ fn use_avx2() -> bool {
     if tests::BASELINE_ONLY.with(|b| b.get()) {
         return false;
     }
-    std::arch::is_x86_feature_detected!("avx2")
+    std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c")
 }
 
-/// Runs `job`, compiled with AVX2 enabled when the CPU has it (x86-64), else as compiled
-/// (SSE2 baseline).
+/// Runs `job`, compiled with AVX2 and F16C enabled when the CPU has them (x86-64), else as
+/// compiled (SSE2 baseline).
 #[inline(always)]
 fn dispatch<J: Job>(job: J) {
     #[cfg(target_arch = "x86_64")]
     {
         /// # Safety
-        /// The CPU must support AVX2. (An `unsafe fn` rather than a safe `#[target_feature]`
-        /// fn, which needs Rust 1.86; the workspace's MSRV is 1.85.)
-        #[target_feature(enable = "avx2")]
+        /// The CPU must support AVX2 and F16C.
+        #[target_feature(enable = "avx2,f16c")]
         unsafe fn with_avx2<J: Job>(job: J) {
-            job.run()
+            job.run::<Avx2>()
         }
         if use_avx2() {
-            // SAFETY: the CPU supports AVX2, which is all `with_avx2` requires.
+            // SAFETY: the CPU supports AVX2 and F16C, which is all `with_avx2` requires.
             unsafe { with_avx2(job) };
             return;
         }
     }
-    job.run()
+    job.run::<Baseline>()
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -564,17 +619,11 @@ macro_rules! half_reducible {
     ($($t:ty),*) => {$(
         impl Reducible for $t {
             fn reduce(op: ReduceOp, ops: Operands<'_, Self>) {
-                with_op!(op, O => dispatch(Half::<$t, O>(ops, PhantomData)))
+                with_op!(op, O => dispatch(Half(ops, O::apply::<f32>)))
             }
             fn finish_avg(dst: &mut [Self], n: usize) {
                 let n = n as f32;
-                let mut buf = [0f32; HALF_BLOCK];
-                for d in dst.chunks_mut(HALF_BLOCK) {
-                    let buf = &mut buf[..d.len()];
-                    <$t as HalfFloat>::widen(d, buf);
-                    buf.iter_mut().for_each(|x| *x /= n);
-                    <$t as HalfFloat>::narrow(d, buf);
-                }
+                dispatch(Half(Operands::Same { dst }, move |x: f32, _| x / n));
             }
         }
     )*};
@@ -870,10 +919,54 @@ mod tests {
         BASELINE_ONLY.with(|b| b.set(false));
     }
 
-    /// The vectorized `bf16` conversions against `half`'s scalar ones, over a sweep of every f32
-    /// bit pattern class (ties, carries into the exponent, overflow to infinity, NaNs).
+    /// Narrows `f` and widens the result back through `H`'s lane conversions, in the variant
+    /// [`dispatch`] picks (so `BASELINE_ONLY` selects the scalar one).
+    struct RoundTrip<'a, H>(&'a [f32], &'a mut Vec<H>, &'a mut Vec<f32>);
+    impl<H: HalfFloat> Job for RoundTrip<'_, H> {
+        fn run<I: Isa>(self) {
+            for chunk in self.0.chunks(HALF_LANES) {
+                let mut x = [0f32; HALF_LANES];
+                x[..chunk.len()].copy_from_slice(chunk);
+                let h = H::narrow::<I>(&x);
+                self.1.extend_from_slice(&h[..chunk.len()]);
+                self.2.extend_from_slice(&H::widen::<I>(&h)[..chunk.len()]);
+            }
+        }
+    }
+
+    /// The lane conversions of both variants against `half`'s scalar ones: narrowing over a
+    /// sweep of every f32 bit pattern class (ties, carries into the exponent, overflow to
+    /// infinity, subnormal results, NaNs), widening over every 16-bit pattern.
+    fn lane_conversion_matches_half<H: HalfFloat + TestElem>(
+        to_f32: fn(H) -> f32,
+        from_f32: fn(f32) -> H,
+        from_bits: fn(u16) -> H,
+        extra: &[u32],
+    ) {
+        let bits = (0..=u32::MAX).step_by(977).chain(extra.iter().copied());
+        let f: Vec<f32> = bits.map(f32::from_bits).collect();
+        let every: Vec<f32> = (0..=u16::MAX).map(|b| to_f32(from_bits(b))).collect();
+        for baseline in [false, true] {
+            BASELINE_ONLY.with(|b| b.set(baseline));
+            let (mut narrowed, mut widened) = (Vec::new(), Vec::new());
+            dispatch(RoundTrip::<H>(&f, &mut narrowed, &mut widened));
+            let want: Vec<H> = f.iter().map(|&x| from_f32(x)).collect();
+            assert_same(&format!("narrow, baseline {baseline}"), &narrowed, &want);
+            let want_back: Vec<f32> = narrowed.iter().map(|&x| to_f32(x)).collect();
+            assert_same(&format!("widen, baseline {baseline}"), &widened, &want_back);
+            // Every half value is exact in f32: narrowing it back must give the same bits,
+            // and widening those bits the same f32 again.
+            let (mut again, mut back) = (Vec::new(), Vec::new());
+            dispatch(RoundTrip::<H>(&every, &mut again, &mut back));
+            let all: Vec<H> = (0..=u16::MAX).map(from_bits).collect();
+            assert_same(&format!("every pattern, baseline {baseline}"), &again, &all);
+            assert_same(&format!("every value, baseline {baseline}"), &back, &every);
+        }
+        BASELINE_ONLY.with(|b| b.set(false));
+    }
+
     #[test]
-    fn bf16_block_conversion_matches_half() {
+    fn bf16_lane_conversion_matches_half() {
         let extra = [
             0x7f7f_ffff,
             0x7f7f_8000,
@@ -882,18 +975,23 @@ mod tests {
             0x7f80_0001,
             0xff80_0001,
         ];
-        let bits: Vec<u32> = (0..=u32::MAX).step_by(977).chain(extra).collect();
-        for chunk in bits.chunks(HALF_BLOCK) {
-            let f: Vec<f32> = chunk.iter().map(|&b| f32::from_bits(b)).collect();
-            let mut got = vec![bf16::ZERO; f.len()];
-            bf16::narrow(&mut got, &f);
-            let want: Vec<bf16> = f.iter().map(|&x| bf16::from_f32(x)).collect();
-            assert_same("bf16 narrow", &got, &want);
-            let mut back = vec![0f32; f.len()];
-            bf16::widen(&got, &mut back);
-            let want_back: Vec<f32> = got.iter().map(|x| x.to_f32()).collect();
-            assert_same("bf16 widen", &back, &want_back);
-        }
+        lane_conversion_matches_half::<bf16>(bf16::to_f32, bf16::from_f32, bf16::from_bits, &extra);
+    }
+
+    #[test]
+    fn f16_lane_conversion_matches_half() {
+        // 65504 (max), 65519.996 and 65520 (round down / to infinity), 2^-24 and half of it
+        // (smallest subnormal, a tie to zero), 1 + 2^-11 (a tie to even), a signalling NaN.
+        let extra = [
+            0x477f_e000,
+            0x477f_efff,
+            0x477f_f000,
+            0x3380_0000,
+            0x3300_0000,
+            0x3f80_1000,
+            0x7f80_0001,
+        ];
+        lane_conversion_matches_half::<f16>(f16::to_f32, f16::from_f32, f16::from_bits, &extra);
     }
 
     #[test]
