@@ -16,6 +16,12 @@ size / ranks). ampccl-perf, Open MPI and Gloo run the same iteration counts per 
 ../shared/peers/install.sh (--gloo for torch) under $PEERS_HOME (default
 ~/.cache/ampccl-peers); ampccl-perf from $AMPCCL_PERF, else $CARGO_TARGET_DIR/release, else
 target/release.
+
+The peer `ceiling` (2 ranks only) is `ampccl-perf ceiling`: the same collective done by two
+pinned threads of one process with the library's kernels, no transport — the host-memory
+ceiling of any 2-rank implementation here. With it the table adds, per other peer X,
+`2-thread ceiling / X`: the most any 2-rank implementation could gain over X on this machine;
+`ampccl / 2-thread ceiling` is the fraction of the ceiling's speed ampccl reaches.
 """
 import argparse, csv, io, os, statistics, subprocess, sys, time
 
@@ -27,8 +33,10 @@ from peer_bench import BUS, HEADER, iterations, parse_size  # noqa: E402
 PEERS_HOME = os.environ.get("PEERS_HOME", os.path.expanduser("~/.cache/ampccl-peers"))
 IMB = {"allreduce": "Allreduce", "allgather": "Allgather", "reducescatter": "Reduce_scatter",
        "broadcast": "Bcast"}
-NAMES = {"ampccl": "ampccl", "impi": "intel-mpi", "ompi": "open-mpi", "gloo": "gloo"}
-TITLES = {"ampccl": "ampccl", "impi": "Intel MPI", "ompi": "Open MPI", "gloo": "Gloo"}
+NAMES = {"ampccl": "ampccl", "impi": "intel-mpi", "ompi": "open-mpi", "gloo": "gloo",
+         "ceiling": "ceiling"}
+TITLES = {"ampccl": "ampccl", "impi": "Intel MPI", "ompi": "Open MPI", "gloo": "Gloo",
+          "ceiling": "2-thread ceiling"}
 
 
 BUILDERS = ("rustc", "cc1", "cc1plus", "ld", "cargo", "clippy-driver", "rustdoc")
@@ -81,17 +89,26 @@ def sh(cmd, env=None):
     return p.stdout
 
 
-def run_ampccl(op, ranks, sizes):
+def run_perf(head, op, sizes):
+    """ampccl-perf with the arguments `head` (ranks or subcommand), one run per size."""
     res = {}
     for s in sizes:
         n, w = iterations(s)
         out = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"ampccl-cmp-{os.getpid()}.csv")
-        sh([perf_exe(), "-o", op, "-g", str(ranks), "-b", str(s), "-e", str(s), "-n", str(n),
-            "-w", str(w), "--csv", out])
+        sh([perf_exe()] + head + ["-o", op, "-b", str(s), "-e", str(s), "-n", str(n),
+                                  "-w", str(w), "--csv", out])
         with open(out) as f:
             res.update(rows_of(f.read(), op))
         os.remove(out)
     return {s: float(r["time_us"]) for s, r in res.items()}, {s: int(r["wrong"]) for s, r in res.items()}
+
+
+def run_ampccl(op, ranks, sizes):
+    return run_perf(["-g", str(ranks)], op, sizes)
+
+
+def run_ceiling(op, sizes):
+    return run_perf(["ceiling"], op, sizes)
 
 
 def run_impi(op, ranks, sizes):
@@ -133,7 +150,7 @@ def main():
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--sizes", default="8,64K,1M,16M,64M")
     ap.add_argument("--peers", default="ampccl,impi,ompi,gloo",
-                    help="comma-separated, in run order: ampccl, impi, ompi, gloo")
+                    help="comma-separated, in run order: ampccl, impi, ompi, gloo, ceiling")
     ap.add_argument("--out-dir", required=True, help="where <peer>.csv (median rows) go")
     ap.add_argument("--wait-quiet", type=int, default=600,
                     help="before each round, wait up to this many seconds for builds to end")
@@ -143,10 +160,13 @@ def main():
     unknown = [p for p in peers if p not in NAMES]
     if unknown:
         sys.exit(f"unknown peers {unknown}; known: {', '.join(NAMES)}")
+    if "ceiling" in peers and a.ranks != 2:
+        sys.exit("the ceiling peer models 2 ranks: use --ranks 2")
     runners = {"ampccl": lambda: run_ampccl(a.op, a.ranks, sizes),
                "impi": lambda: run_impi(a.op, a.ranks, sizes),
                "ompi": lambda: run_bench("mpi", a.op, a.ranks, sizes),
-               "gloo": lambda: run_bench("gloo", a.op, a.ranks, sizes)}
+               "gloo": lambda: run_bench("gloo", a.op, a.ranks, sizes),
+               "ceiling": lambda: run_ceiling(a.op, sizes)}
     times = {p: [] for p in peers}
     wrong = {p: {} for p in peers}
     noisy = 0
@@ -176,10 +196,16 @@ def main():
                         f"{alg * BUS[a.op](n):.4f},{wrong[p].get(s, 0)}\n")
     print(f"{n} ranks, f32 {a.op}, time per call (us), medians of {a.rounds} alternated runs; "
           f"ratio = peer time / ampccl time; builds ran during {noisy} of the rounds\n")
+    if "ceiling" in peers:
+        print("ampccl / 2-thread ceiling: the fraction of the ceiling's speed ampccl reaches; "
+              "2-thread ceiling / X: the most any 2-rank implementation could gain over X\n")
     others = [p for p in peers if p != "ampccl"]
+    # Peers the ceiling is compared with: neither ampccl (its own column) nor itself.
+    bounded = [p for p in others if p != "ceiling"] if "ceiling" in peers else []
     head = ["bytes"] + [f"{TITLES[p]} (us)" for p in peers]
     if "ampccl" in peers:
         head += [f"ampccl / {TITLES[p]}" for p in others]
+    head += [f"{TITLES['ceiling']} / {TITLES[p]}" for p in bounded]
     print("| " + " | ".join(head) + " |")
     print("|" + "---:|" * len(head))
     for s in sizes:
@@ -187,6 +213,8 @@ def main():
         if "ampccl" in peers:
             cells += [f"{med[p][s] / med['ampccl'][s]:.2f}x" if s in med[p] and s in med["ampccl"] else "—"
                       for p in others]
+        cells += [f"{med[p][s] / med['ceiling'][s]:.2f}x" if s in med[p] and s in med["ceiling"] else "—"
+                  for p in bounded]
         print("| " + " | ".join(cells) + " |")
     bad = {p: w for p, w in wrong.items() if any(w.values())}
     if bad:

@@ -11,7 +11,8 @@ use crate::plot::Placement;
 /// Set in the environment of ranks started by `-g`.
 pub const CHILD_ENV: &str = "AMPCCL_PERF_CHILD";
 
-/// nccl-tests-style sweep of one collective (the default), or `plot` of CSV results.
+/// nccl-tests-style sweep of one collective (the default), `plot` of CSV results, or the
+/// 2-rank host-memory `ceiling`.
 #[derive(Parser, Debug)]
 #[command(version, about, args_conflicts_with_subcommands = true)]
 pub struct Cli {
@@ -28,6 +29,11 @@ pub enum Cmd {
     /// PNG; the legend is each file's stem (e.g. `ampccl-perf plot --out cmp.png ampccl.csv
     /// intel-mpi.csv gloo.csv`).
     Plot(PlotArgs),
+    /// Measure the host-memory ceiling of a 2-rank allreduce, allgather, reducescatter or
+    /// broadcast: the memory passes every 2-rank implementation must make, done by two pinned
+    /// threads of one process with the library's kernels (e.g. `ampccl-perf ceiling -o
+    /// allreduce -b 64K -e 64M -f 4`).
+    Ceiling(CeilingArgs),
 }
 
 /// `ampccl-perf plot`.
@@ -47,9 +53,9 @@ pub struct PlotArgs {
     pub csv: Vec<PathBuf>,
 }
 
-/// The sweep's options (nccl-tests' names).
+/// What a run measures (nccl-tests' names), shared by the sweep and `ceiling`.
 #[derive(clap::Args, Debug, Clone)]
-pub struct SweepArgs {
+pub struct Workload {
     /// Smallest size in bytes (K, M, G suffixes allowed).
     #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = parse_size)]
     pub min_bytes: usize,
@@ -68,6 +74,13 @@ pub struct SweepArgs {
     /// Reduction operator (sum, prod, max, min, avg).
     #[arg(short = 'r', long = "redop", default_value = "sum", value_parser = parse_op)]
     pub op: ReduceOp,
+}
+
+/// The sweep's options (nccl-tests' names).
+#[derive(clap::Args, Debug, Clone)]
+pub struct SweepArgs {
+    #[command(flatten)]
+    pub work: Workload,
     /// Root rank for broadcast and reduce.
     #[arg(long = "root", default_value_t = 0)]
     pub root: usize,
@@ -95,6 +108,22 @@ pub struct SweepArgs {
     /// Show progress on stderr even when it is not a terminal.
     #[arg(long = "progress")]
     pub progress: bool,
+}
+
+/// `ampccl-perf ceiling`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct CeilingArgs {
+    #[command(flatten)]
+    pub work: Workload,
+    /// Timed iterations per size (default: about 256 MiB moved per size, 20..1000).
+    #[arg(short = 'n', long = "iters")]
+    pub iters: Option<usize>,
+    /// Warm-up iterations per size (default: a quarter of the timed ones, at least 5).
+    #[arg(short = 'w', long = "warmup_iters")]
+    pub warmup: Option<usize>,
+    /// Also write the results as CSV (placement `out`, broadcast `in`).
+    #[arg(long = "csv")]
+    pub csv: Option<PathBuf>,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -174,21 +203,34 @@ pub fn pin_if_launched() {
     else {
         return;
     };
-    // SAFETY: `cpu_set_t` is plain data; the calls get valid pointers and its exact size.
+    let cpus = allowed_cpus();
+    if !cpus.is_empty() {
+        pin_current_thread(cpus[rank % cpus.len()]);
+    }
+}
+
+/// The CPUs this process may run on (its affinity mask), ascending; empty if unknown.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: `cpu_set_t` is plain data; the call gets a valid pointer and its exact size.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         if libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return;
+            return Vec::new();
         }
-        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+        (0..libc::CPU_SETSIZE as usize)
             .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect();
-        if cpus.is_empty() {
-            return;
-        }
+            .collect()
+    }
+}
+
+/// Pins the calling thread to `cpu`; false if the kernel refused.
+pub fn pin_current_thread(cpu: usize) -> bool {
+    // SAFETY: `cpu_set_t` is plain data; the call gets a valid pointer and its exact size
+    // (pid 0: the calling thread).
+    unsafe {
         let mut one: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpus[rank % cpus.len()], &mut one);
-        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one);
+        libc::CPU_SET(cpu, &mut one);
+        libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one) == 0
     }
 }
 
@@ -212,7 +254,7 @@ mod tests {
         let c = Cli::try_parse_from(["p", "plot", "--out", "x.png", "a.csv", "b.csv"]).unwrap();
         match c.command {
             Some(Cmd::Plot(p)) => assert_eq!(p.csv.len(), 2),
-            None => panic!("no subcommand"),
+            _ => panic!("not plot"),
         }
         assert!(Cli::try_parse_from(["p", "plot", "--out", "x.png"]).is_err());
         assert!(Cli::try_parse_from(["p", "-g", "2", "plot", "--out", "x.png", "a.csv"]).is_err());
@@ -220,7 +262,26 @@ mod tests {
         let c = Cli::try_parse_from(["p", "-e", "1M", "--plot", "x.png", "--overlay", "a.csv"])
             .unwrap();
         assert!(c.command.is_none());
-        assert_eq!(c.sweep.max_bytes, 1 << 20);
+        assert_eq!(c.sweep.work.max_bytes, 1 << 20);
         assert_eq!(c.sweep.overlay.len(), 1);
+    }
+
+    #[test]
+    fn ceiling_shares_the_workload_options_and_leaves_iterations_open() {
+        let c = Cli::try_parse_from(["p", "ceiling", "-o", "allgather", "-e", "1M", "-d", "int8"])
+            .unwrap();
+        match c.command {
+            Some(Cmd::Ceiling(a)) => {
+                assert_eq!(
+                    (a.work.collective.as_str(), a.work.max_bytes),
+                    ("allgather", 1 << 20)
+                );
+                assert_eq!(a.work.dtype, DataType::I8);
+                assert_eq!((a.iters, a.warmup), (None, None));
+            }
+            _ => panic!("not ceiling"),
+        }
+        assert!(Cli::try_parse_from(["p", "-g", "2", "ceiling"]).is_err());
+        assert!(Cli::try_parse_from(["p", "ceiling", "-g", "2"]).is_err());
     }
 }

@@ -12,9 +12,11 @@
 //!
 //! `--csv FILE` writes the results (format in [`csv`]), `--plot FILE.png` draws busbw against
 //! size, with other CSVs (peers) added by `--overlay`; `ampccl-perf plot --out FILE.png
-//! a.csv b.csv ...` draws CSVs alone. Rank 0 shows progress on stderr when it is a terminal
-//! (or with `--progress`) and ends with every rank's peak RSS.
+//! a.csv b.csv ...` draws CSVs alone; `ampccl-perf ceiling -o OP` measures the 2-rank
+//! host-memory ceiling of a collective (see [`ceiling`]). Rank 0 shows progress on stderr when
+//! it is a terminal (or with `--progress`) and ends with every rank's peak RSS.
 
+mod ceiling;
 mod cli;
 mod csv;
 mod plot;
@@ -30,6 +32,7 @@ fn main() -> ExitCode {
     let cli = cli::Cli::parse();
     let result = match (&cli.command, cli.sweep.ranks) {
         (Some(cli::Cmd::Plot(p)), _) => plot::run(p).map(|()| true),
+        (Some(cli::Cmd::Ceiling(c)), _) => ceiling::run(c),
         (None, Some(n)) if std::env::var_os(cli::CHILD_ENV).is_none() => cli::launch(n),
         (None, _) => {
             cli::pin_if_launched();

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use ampccl::{Communicator, DataType, Element, ReduceOp, bf16, f16};
 
-use crate::cli::{SweepArgs as Args, human_bytes};
+use crate::cli::{SweepArgs as Args, Workload, human_bytes};
 use crate::csv::Row;
 use crate::plot;
 use crate::progress::Progress;
@@ -46,9 +46,21 @@ impl Num for bf16 {
     }
 }
 
+/// `$body` with `$t` the Rust element type of `$dtype` (an [`ampccl::DataType`]).
+macro_rules! with_type {
+    ($dtype:expr, $t:ident => $body:expr) => {
+        with_type!(@ $dtype, $t, $body; I8 i8, U8 u8, I32 i32, U32 u32, I64 i64, U64 u64,
+                   F16 ::ampccl::f16, F32 f32, F64 f64, Bf16 ::ampccl::bf16)
+    };
+    (@ $dtype:expr, $t:ident, $body:expr; $($v:ident $ty:ty),*) => {
+        match $dtype { $(::ampccl::DataType::$v => { type $t = $ty; $body })* }
+    };
+}
+pub(crate) use with_type;
+
 /// Collectives the tool can run.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Coll {
+pub(crate) enum Coll {
     AllReduce,
     AllGather,
     ReduceScatter,
@@ -59,7 +71,7 @@ enum Coll {
 }
 
 impl Coll {
-    fn parse(s: &str) -> Option<Coll> {
+    pub(crate) fn parse(s: &str) -> Option<Coll> {
         Some(match s.replace(['_', '-'], "").to_lowercase().as_str() {
             "allreduce" => Coll::AllReduce,
             "allgather" => Coll::AllGather,
@@ -73,7 +85,7 @@ impl Coll {
     }
 
     /// nccl-tests' bus bandwidth factor.
-    fn bus_factor(self, n: usize) -> f64 {
+    pub(crate) fn bus_factor(self, n: usize) -> f64 {
         let n = n as f64;
         match self {
             Coll::AllReduce => 2.0 * (n - 1.0) / n,
@@ -82,12 +94,12 @@ impl Coll {
         }
     }
 
-    fn reduces(self) -> bool {
+    pub(crate) fn reduces(self) -> bool {
         matches!(self, Coll::AllReduce | Coll::ReduceScatter | Coll::Reduce)
     }
 
     /// Elements of (input, output) for `size` bytes (nccl-tests: size = the larger buffer).
-    fn counts(self, size: usize, e: usize, n: usize) -> (usize, usize) {
+    pub(crate) fn counts(self, size: usize, e: usize, n: usize) -> (usize, usize) {
         let total = size / e;
         match self {
             Coll::AllGather => (total / n, total / n * n),
@@ -100,7 +112,7 @@ impl Coll {
 
 /// The sizes of a sweep: `min` (at least one element of `e` bytes), times `factor` (at least
 /// 2), up to `max`.
-fn sizes(min: usize, max: usize, factor: usize, e: usize) -> Vec<usize> {
+pub(crate) fn sizes(min: usize, max: usize, factor: usize, e: usize) -> Vec<usize> {
     let mut v = Vec::new();
     let mut size = min.max(e);
     while size <= max {
@@ -120,7 +132,7 @@ fn user_buffer_bytes(cin: usize, cout: usize, e: usize) -> usize {
 }
 
 /// Value of element `i` of rank `r`'s input: small integers, so every sum and product is exact.
-fn value(r: usize, i: usize) -> f64 {
+pub(crate) fn value(r: usize, i: usize) -> f64 {
     1.0 + ((r * 7 + i) % 2) as f64
 }
 
@@ -129,23 +141,7 @@ pub fn run(args: &Args) -> Result<bool, String> {
     // Overlays are read before the sweep, so a bad file fails every rank at once, not after it.
     let overlay = plot::read_series(&args.overlay, plot::Placement::Out)?;
     let comm = Communicator::from_env().map_err(|e| e.to_string())?;
-    macro_rules! go {
-        ($t:ty) => {
-            sweep::<$t>(&comm, args, &overlay)
-        };
-    }
-    let r = match args.dtype {
-        DataType::I8 => go!(i8),
-        DataType::U8 => go!(u8),
-        DataType::I32 => go!(i32),
-        DataType::U32 => go!(u32),
-        DataType::I64 => go!(i64),
-        DataType::U64 => go!(u64),
-        DataType::F16 => go!(f16),
-        DataType::F32 => go!(f32),
-        DataType::F64 => go!(f64),
-        DataType::Bf16 => go!(bf16),
-    };
+    let r = with_type!(args.work.dtype, T => sweep::<T>(&comm, args, &overlay));
     let ok = r?;
     comm.destroy().map_err(|e| e.to_string())?;
     Ok(ok)
@@ -156,8 +152,9 @@ fn sweep<T: Num>(
     args: &Args,
     overlay: &[plot::Series],
 ) -> Result<bool, String> {
-    let coll = Coll::parse(&args.collective)
-        .ok_or_else(|| format!("unknown collective {:?}", args.collective))?;
+    let work = &args.work;
+    let coll = Coll::parse(&work.collective)
+        .ok_or_else(|| format!("unknown collective {:?}", work.collective))?;
     let (n, rank) = (comm.world(), comm.rank());
     let e = size_of::<T>();
     if coll == Coll::SendRecv && n % 2 == 1 && n > 1 {
@@ -167,7 +164,7 @@ fn sweep<T: Num>(
     if print {
         println!(
             "# ampccl-perf {}: {} ranks, transport shm ({}), {} iterations, {} warm-up",
-            args.collective,
+            work.collective,
             n,
             if comm.uses_cross_memory_attach() {
                 "cross-memory attach"
@@ -215,10 +212,10 @@ fn sweep<T: Num>(
     let mut bus_sum = 0.0;
     let mut points = 0usize;
     let mut user_peak = 0usize;
-    let sizes = sizes(args.min_bytes, args.max_bytes, args.factor, e);
+    let sizes = sizes(work.min_bytes, work.max_bytes, work.factor, e);
     let progress = Progress::new(print, args.progress, sizes.len());
     for (i, &size) in sizes.iter().enumerate() {
-        progress.step(i + 1, size, &args.collective);
+        progress.step(i + 1, size, &work.collective);
         let (cin, cout) = coll.counts(size, e, n);
         user_peak = user_peak.max(user_buffer_bytes(cin, cout, e));
         let mut row = Vec::new();
@@ -237,7 +234,7 @@ fn sweep<T: Num>(
         if print {
             progress.clear();
             let redop = if coll.reduces() {
-                args.op.name()
+                work.op.name()
             } else {
                 "none"
             };
@@ -249,7 +246,7 @@ fn sweep<T: Num>(
             let (bytes, count) = (cin.max(cout) * e, cin.max(cout));
             print!(
                 "{bytes:>12} {count:>12} {:>8} {redop:>6} {root:>6}",
-                args.dtype.name()
+                work.dtype.name()
             );
             for (t, a, b, w) in &row {
                 print!("   {t:>9.2} {a:>7.2} {b:>7.2} {w:>6}");
@@ -257,11 +254,11 @@ fn sweep<T: Num>(
             println!();
             for (&(time_us, algbw_gbs, busbw_gbs, wrong), place) in row.iter().zip(["out", "in"]) {
                 rows.push(Row {
-                    collective: args.collective.clone(),
+                    collective: work.collective.clone(),
                     ranks: n,
                     bytes,
                     count,
-                    dtype: args.dtype.name().to_string(),
+                    dtype: work.dtype.name().to_string(),
                     redop: redop.to_string(),
                     root,
                     placement: place.to_string(),
@@ -300,7 +297,7 @@ fn sweep<T: Num>(
                 .unwrap_or_else(|| "ampccl".to_string());
             let mut series = plot::series(&label, &rows, plot::Placement::Out)?;
             series.extend_from_slice(overlay);
-            let title = format!("{}, {n} ranks, {}", args.collective, args.dtype.name());
+            let title = format!("{}, {n} ranks, {}", work.collective, work.dtype.name());
             plot::draw(png, &title, &series)?;
         }
     }
@@ -348,16 +345,18 @@ fn measure<T: Num>(
     buf.resize(cout.max(cin), T::from_f64(0.0));
     let call = |out: &mut Vec<T>, buf: &mut Vec<T>| -> ampccl::Result<()> {
         match (coll, in_place) {
-            (Coll::AllReduce, false) => comm.all_reduce(&input, &mut out[..cout], a.op),
-            (Coll::AllReduce, true) => comm.all_reduce_in_place(&mut buf[..cout], a.op),
+            (Coll::AllReduce, false) => comm.all_reduce(&input, &mut out[..cout], a.work.op),
+            (Coll::AllReduce, true) => comm.all_reduce_in_place(&mut buf[..cout], a.work.op),
             (Coll::AllGather, false) => comm.all_gather(&input, &mut out[..cout]),
             (Coll::AllGather, true) => comm.all_gather_in_place(&mut buf[..cout]),
-            (Coll::ReduceScatter, false) => comm.reduce_scatter(&input, &mut out[..cout], a.op),
-            (Coll::ReduceScatter, true) => comm.reduce_scatter_in_place(&mut buf[..cin], a.op),
+            (Coll::ReduceScatter, false) => {
+                comm.reduce_scatter(&input, &mut out[..cout], a.work.op)
+            }
+            (Coll::ReduceScatter, true) => comm.reduce_scatter_in_place(&mut buf[..cin], a.work.op),
             (Coll::Broadcast, false) => comm.broadcast_from(&input, &mut out[..cout], a.root),
             (Coll::Broadcast, true) => comm.broadcast(&mut buf[..cout], a.root),
-            (Coll::Reduce, false) => comm.reduce(&input, &mut out[..cout], a.op, a.root),
-            (Coll::Reduce, true) => comm.reduce_in_place(&mut buf[..cout], a.op, a.root),
+            (Coll::Reduce, false) => comm.reduce(&input, &mut out[..cout], a.work.op, a.root),
+            (Coll::Reduce, true) => comm.reduce_in_place(&mut buf[..cout], a.work.op, a.root),
             (Coll::AllToAll, _) => comm.all_to_all(&input, &mut out[..cout]),
             (Coll::SendRecv, _) => {
                 let peer = rank ^ 1;
@@ -401,7 +400,7 @@ fn measure<T: Num>(
         } else {
             &out
         };
-        wrong = count_wrong(coll, a, rank, n, cin, cout, in_place, got);
+        wrong = count_wrong(coll, &a.work, a.root, rank, n, cin, cout, in_place, got);
         let mut w = [wrong as u64];
         comm.all_reduce_in_place(&mut w, ampccl::ReduceOp::Sum)
             .map_err(|e| e.to_string())?;
@@ -425,10 +424,13 @@ fn reduce_ref(op: ReduceOp, n: usize, i: usize, t: DataType) -> f64 {
     }
 }
 
+/// Wrong elements of rank `rank`'s result `got` (the output, or the in-place buffer), whose
+/// inputs were filled with [`value`].
 #[allow(clippy::too_many_arguments)]
-fn count_wrong<T: Num>(
+pub(crate) fn count_wrong<T: Num>(
     coll: Coll,
-    a: &Args,
+    w: &Workload,
+    root: usize,
     rank: usize,
     n: usize,
     cin: usize,
@@ -436,11 +438,11 @@ fn count_wrong<T: Num>(
     in_place: bool,
     got: &[T],
 ) -> usize {
-    let tol = if a.dtype.is_float() { 1e-2 } else { 0.0 };
+    let tol = if w.dtype.is_float() { 1e-2 } else { 0.0 };
     let bad = |want: f64, g: T| ((g.to_f64() - want).abs() > tol * want.abs().max(1.0)) as usize;
     match coll {
         Coll::AllReduce => (0..cout)
-            .map(|i| bad(reduce_ref(a.op, n, i, a.dtype), got[i]))
+            .map(|i| bad(reduce_ref(w.op, n, i, w.dtype), got[i]))
             .sum(),
         Coll::AllGather => (0..cout)
             .map(|i| bad(value(i / cin, i % cin), got[i]))
@@ -448,12 +450,12 @@ fn count_wrong<T: Num>(
         Coll::ReduceScatter => {
             let base = if in_place { rank * cout } else { 0 };
             (0..cout)
-                .map(|i| bad(reduce_ref(a.op, n, rank * cout + i, a.dtype), got[base + i]))
+                .map(|i| bad(reduce_ref(w.op, n, rank * cout + i, w.dtype), got[base + i]))
                 .sum()
         }
-        Coll::Broadcast => (0..cout).map(|i| bad(value(a.root, i), got[i])).sum(),
-        Coll::Reduce if rank == a.root => (0..cout)
-            .map(|i| bad(reduce_ref(a.op, n, i, a.dtype), got[i]))
+        Coll::Broadcast => (0..cout).map(|i| bad(value(root, i), got[i])).sum(),
+        Coll::Reduce if rank == root => (0..cout)
+            .map(|i| bad(reduce_ref(w.op, n, i, w.dtype), got[i]))
             .sum(),
         Coll::Reduce => 0,
         Coll::AllToAll => {

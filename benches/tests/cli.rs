@@ -152,3 +152,92 @@ fn plot_overlays_csvs_and_rejects_foreign_files() {
     );
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// Runs `ampccl-perf ceiling` with short iteration counts and returns its table rows (split into
+/// fields) after checking the exit code, the header and that no element is wrong.
+fn ceiling_rows(extra: &[&str]) -> Vec<Vec<String>> {
+    let mut args = vec!["ceiling", "-n", "3", "-w", "1"];
+    args.extend_from_slice(extra);
+    let out = perf(&args);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{args:?}\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("2-thread shared-address-space ceiling") && stdout.contains("0 OK"),
+        "{stdout}"
+    );
+    let rows: Vec<Vec<String>> = stdout
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect();
+    // size count type redop root time min algbw busbw #wrong
+    assert!(
+        rows.iter().all(|f| f.len() == 10 && f[9] == "0"),
+        "{stdout}"
+    );
+    rows
+}
+
+#[test]
+fn ceiling_measures_every_collective_and_checks_it() {
+    for (op, redop, root) in [
+        ("allreduce", "sum", "-1"),
+        ("allgather", "none", "-1"),
+        ("reducescatter", "sum", "-1"),
+        ("broadcast", "none", "0"),
+    ] {
+        let rows = ceiling_rows(&["-o", op, "-b", "1K", "-e", "64K", "-f", "8"]);
+        let sizes: Vec<&str> = rows.iter().map(|f| f[0].as_str()).collect();
+        assert_eq!(sizes, ["1024", "8192", "65536"], "{op}");
+        assert!(
+            rows.iter()
+                .all(|f| f[2] == "float" && f[3] == redop && f[4] == root),
+            "{op}: {rows:?}"
+        );
+    }
+    // Allgather's large schedule (4 MiB per rank: streaming copies straight from the input).
+    let rows = ceiling_rows(&["-o", "allgather", "-b", "8M", "-e", "8M"]);
+    assert_eq!(rows.len(), 1);
+}
+
+#[test]
+fn ceiling_int8_max_writes_csv() {
+    let d = scratch("ceiling");
+    let csv = d.join("ceiling.csv");
+    let rows = ceiling_rows(&[
+        "-o",
+        "allreduce",
+        "-d",
+        "int8",
+        "-r",
+        "max",
+        "-b",
+        "1K",
+        "-e",
+        "64K",
+        "-f",
+        "8",
+        "--csv",
+        csv.to_str().unwrap(),
+    ]);
+    assert!(rows.iter().all(|f| f[2] == "int8" && f[3] == "max"));
+    let text = std::fs::read_to_string(&csv).unwrap();
+    let data: Vec<Vec<&str>> = text
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    assert_eq!(data.len(), 3);
+    assert!(
+        data.iter()
+            .all(|f| f[0] == "allreduce" && f[1] == "2" && f[7] == "out" && f[11] == "0")
+    );
+    std::fs::remove_dir_all(&d).unwrap();
+}
+
+#[test]
+fn ceiling_rejects_collectives_it_does_not_model() {
+    let out = perf(&["ceiling", "-o", "alltoall", "-e", "1K"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains("ceiling: unknown collective"));
+}
