@@ -334,7 +334,7 @@ fn broadcast_w2_without_cma() {
     launch(2, "broadcast", &[("AMPCCL_SHM_CMA", "0")]);
 }
 
-/// The operator picks `AllReducePair` only from 16 MiB on 2 ranks; forced, every case runs it
+/// The operator picks `AllReducePair` only from 8 MiB on 2 ranks; forced, every case runs it
 /// (the big count takes two rounds): in place straight from the output, and, without
 /// cross-memory attach, through `CclOut`.
 #[test]

@@ -35,8 +35,11 @@ use crate::steps::ring::Ring;
 /// 5891–6714; 64 MiB, 2 runs (`-b 4M -e 128M -f 2 -n 6 -w 2`), 12683–12735/13589–13901 vs
 /// 16274–17374/13438–13827; 8 MiB (same runs) 1342–1382/1085–1202 vs 1365–1373/1096–1102, no
 /// gain. In place the pair reads the peer's result with cross-memory attach where the ring
-/// writes it: about a tie.
-pub const MIN_BYTES: usize = 16 << 20;
+/// writes it: about a tie. Those runs were on the Intel Xeon dev machine of session 6; on the
+/// AMD EPYC one of session 7 the pair also wins at 8 MiB (5 alternated runs, medians, `-b 4M
+/// -e 16M -f 2 -n 40 -w 10`): 4 MiB 498/291 vs 425/287, 8 MiB 1121/878 vs 1352/846, 16 MiB
+/// 2527/2306 vs 3474/2370. Hence 8 MiB: a gain here, a tie on the Xeon.
+pub const MIN_BYTES: usize = 8 << 20;
 
 pub struct AllReducePair;
 

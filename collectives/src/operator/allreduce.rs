@@ -1,5 +1,5 @@
-//! AllReduce operator: one-shot for small messages, the pair for large ones on 2 ranks, ring
-//! otherwise.
+//! AllReduce operator: one-shot for small messages (and mid-sized ones on 2 ranks), the pair
+//! for large ones on 2 ranks, ring otherwise.
 
 use crate::algorithms::allreduce_pair;
 use crate::executor::{Operator, SelectCtx};
@@ -14,17 +14,87 @@ use crate::op::OpParam;
 /// `2 (P-1)` dependent steps each cost a context switch there.
 pub const ONE_SHOT_MAX_BYTES: usize = 256 * 1024;
 
+/// On 2 ranks one-shot again from this size, as far as the CCL buffer holds both inputs. Each
+/// rank copies all of its input once and reduces all of it (2 bytes of work per byte, against
+/// the ring's 1.5), but in one step, with plain copies into the peer's window: the ring's
+/// second half writes into the peer's output with cross-memory attach, whose page pinning took
+/// 15-17 % of a 1 MiB ring's cycles (`perf record`). Session 7 (AMD EPYC dev machine), 5
+/// alternated runs, medians, µs out of place / in place (`AMPCCL_ALGO_ALLREDUCE=...
+/// ampccl-perf -g 2 -b 128K -e 2M -f 2 -n 300 -w 50`), one-shot vs ring: 256 KiB 38.6/38.2 vs
+/// 33.0/42.5, 512 KiB 46.6/54.1 vs 51.2/69.9, 1 MiB 60.0/86.8 vs 77.2/77.2, 2 MiB
+/// 117.7/131.9 vs 145.5/136.2. The choice may not depend on the placement (ranks may differ
+/// in it), so in place 1 MiB pays 12 %.
+pub const ONE_SHOT_PAIR_MIN_BYTES: usize = 512 * 1024;
+
 pub struct AllReduceOperator;
 
 impl Operator for AllReduceOperator {
     fn select_alg(&self, p: &OpParam, ctx: &SelectCtx) -> (&'static str, u64) {
         let bytes = p.count * p.elem();
-        if bytes * p.world <= ONE_SHOT_MAX_BYTES.min(ctx.ccl_size) {
+        let one_shot = bytes * p.world <= ONE_SHOT_MAX_BYTES
+            || (p.world == 2 && bytes >= ONE_SHOT_PAIR_MIN_BYTES);
+        if one_shot && bytes * p.world <= ctx.ccl_size {
             ("AllReduceOneShot", 0)
         } else if p.world == 2 && bytes >= allreduce_pair::MIN_BYTES {
             ("AllReducePair", 0)
         } else {
             ("AllReduceRing", 0)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::op::OpKind;
+    use ampccl_runtime::{DataType, ReduceOp};
+
+    fn pick(bytes: usize, world: usize, in_place: bool, ccl_size: usize) -> &'static str {
+        let p = OpParam {
+            kind: OpKind::AllReduce,
+            count: bytes / 4,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+            root: 0,
+            rank: 0,
+            world,
+            in_place,
+            seq: 0,
+        };
+        let ctx = SelectCtx {
+            ccl_size,
+            user_mem_links: true,
+            oversubscribed: false,
+        };
+        AllReduceOperator.select_alg(&p, &ctx).0
+    }
+
+    #[test]
+    fn two_ranks_take_one_shot_again_while_the_buffer_holds_both_inputs() {
+        let ccl = 4 << 20;
+        for in_place in [false, true] {
+            let at = |bytes| pick(bytes, 2, in_place, ccl);
+            assert_eq!(at(ONE_SHOT_MAX_BYTES / 2), "AllReduceOneShot");
+            assert_eq!(at(ONE_SHOT_MAX_BYTES), "AllReduceRing");
+            assert_eq!(at(ONE_SHOT_PAIR_MIN_BYTES - 4), "AllReduceRing");
+            assert_eq!(at(ONE_SHOT_PAIR_MIN_BYTES), "AllReduceOneShot");
+            assert_eq!(at(ccl / 2), "AllReduceOneShot");
+            assert_eq!(at(ccl / 2 + 4), "AllReduceRing");
+            assert_eq!(at(allreduce_pair::MIN_BYTES), "AllReducePair");
+        }
+        // A smaller CCL buffer bounds the one-shot range.
+        assert_eq!(
+            pick(ONE_SHOT_PAIR_MIN_BYTES, 2, false, 512 << 10),
+            "AllReduceRing"
+        );
+        // More ranks: one-shot only for small messages.
+        assert_eq!(
+            pick(ONE_SHOT_PAIR_MIN_BYTES, 3, false, ccl),
+            "AllReduceRing"
+        );
+        assert_eq!(
+            pick(ONE_SHOT_MAX_BYTES / 4, 4, false, ccl),
+            "AllReduceOneShot"
+        );
     }
 }
