@@ -31,6 +31,9 @@ pub struct SelectCtx {
     /// More ranks on this host than CPUs: every step that waits for a peer costs a context
     /// switch, so algorithms with fewer steps win for longer.
     pub oversubscribed: bool,
+    /// Bytes of this host's last-level cache (the least any local rank reported at init), 0 if
+    /// unknown: algorithms whose copies pay for missing it can step aside beyond it.
+    pub cache_bytes: usize,
 }
 
 /// One per collective: validates and selects the algorithm.

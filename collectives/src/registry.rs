@@ -130,6 +130,7 @@ mod tests {
                             ccl_size: 4 << 20,
                             user_mem_links,
                             oversubscribed: world > 2,
+                            cache_bytes: 32 << 20,
                         };
                         let (name, _) = crate::operator::for_kind(kind).select_alg(&p, &ctx);
                         let e = r

@@ -9,7 +9,8 @@
 //! root writes the first half straight into the receiver's output while the receiver reads the
 //! second half straight out of the root's input (a read offer, see
 //! `ampccl_transport::protocol`): one copy per byte, both cores copying. Needs links that reach
-//! user memory (cross-memory attach); the operator picks it on 2 ranks from [`MIN_BYTES`].
+//! user memory (cross-memory attach); the operator picks it on 2 ranks from [`MIN_BYTES`] while
+//! the message fits a share of the cache ([`CACHE_SHARE`]).
 //!
 //! Both ranks must cut the message alike, so the cut depends on the size alone: the receiver
 //! does not know whether the root's call is in place. Out of place the root also copies its
@@ -33,6 +34,18 @@ use crate::steps::pipe::copy_through;
 /// 3.66–5.35, 64 KiB 4.02–4.39 vs 5.38–7.87, 256 KiB 8.22–8.82 vs 13.29–13.52; out of place
 /// the pair wins from 32 KiB (4.05–4.19 vs 4.19–5.18), ties at 16 KiB.
 pub const MIN_BYTES: usize = 32 * 1024;
+
+/// The operator hands a message to this algorithm while it takes at most this fraction
+/// (1/`CACHE_SHARE`) of the host's last-level cache: the root's input and the receiver's
+/// output then stay cached together. Beyond it the cross-memory copies, plain stores that
+/// first read each line they overwrite, lose to the chain, whose receiver streams each chunk
+/// out of its window. In place, µs, 5 alternated runs (session 7, AMD EPYC, 32 MiB L3:
+/// `AMPCCL_ALGO_BROADCAST=... ampccl-perf -g 2 -o broadcast -b 4M -e 16M -f 2 -n 40 -w 5`,
+/// and `-b 1M -e 64M -f 4 -n 30 -w 5`, 3 runs), pair vs chain: 4 MiB 163 vs 447, 8 MiB 369 vs
+/// 555, 16 MiB 1152 vs 873, 64 MiB 6211 vs 4534; out of place about a tie from 16 MiB (1916
+/// vs 1967, 10032 vs 10172). On the Intel Xeon of session 6 (260 MiB L3 reported) the pair
+/// still won at 64 MiB.
+pub const CACHE_SHARE: usize = 4;
 
 pub struct BroadcastPair;
 

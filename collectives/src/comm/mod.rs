@@ -56,8 +56,8 @@ pub(crate) struct CommInner {
     group_streams: Mutex<Vec<Stream>>,
     seq: AtomicU64,
     failed: AtomicBool,
-    /// See [`SelectCtx::oversubscribed`].
-    oversubscribed: bool,
+    /// What the local ranks agreed on about their host at init.
+    host: HostFacts,
     splits: AtomicU64,
 }
 
@@ -73,7 +73,7 @@ pub struct Communicator {
 
 /// Bootstrap tag of communicator setup and split exchanges.
 const TAG_SPLIT: u64 = 0x5350_4c00_0000_0000;
-/// Bootstrap tag of the CPU sets gathered at init (see [`oversubscribed`]).
+/// Bootstrap tag of the host facts gathered at init (see [`host_facts`]).
 const TAG_CPUS: u64 = 0x4350_5500_0000_0000;
 
 impl Communicator {
@@ -123,8 +123,8 @@ impl Communicator {
         let engine = Engine::new(dev.doorbell(), config.timeout);
         // Spinning only pays when every local rank has a core of its own: otherwise a spinning
         // rank delays the peer that shares its core.
-        let oversubscribed = oversubscribed(&boot)?;
-        let default_spin = if oversubscribed {
+        let host = host_facts(&boot)?;
+        let default_spin = if host.oversubscribed {
             Duration::ZERO
         } else {
             DEFAULT_SPIN
@@ -153,7 +153,7 @@ impl Communicator {
                 group_streams: Mutex::new(Vec::new()),
                 seq: AtomicU64::new(0),
                 failed: AtomicBool::new(false),
-                oversubscribed,
+                host,
                 splits: AtomicU64::new(0),
             }),
         })
@@ -440,7 +440,8 @@ impl CommInner {
         let ctx = SelectCtx {
             ccl_size: self.config.buffsize,
             user_mem_links: self.dev.uses_cma(),
-            oversubscribed: self.oversubscribed,
+            oversubscribed: self.host.oversubscribed,
+            cache_bytes: self.host.cache_bytes,
         };
         let (entry, new_tag) = self.select(p, operator::for_kind(p.kind), &ctx)?;
         let res = self.resources(entry, new_tag, p)?;
@@ -530,16 +531,65 @@ impl CommInner {
 /// together: the union of the local ranks' affinity masks. Each rank's own mask is not enough:
 /// ranks pinned one per CPU (as MPI launchers and `ampccl-perf -g` pin them) each see one CPU,
 /// yet none shares its core.
-fn oversubscribed(boot: &Bootstrap) -> Result<bool> {
-    let all = boot.allgather(TAG_CPUS, &cpu_mask())?;
+/// What the ranks on this host agree on about it (every local rank computes the same, so
+/// their algorithm choices agree).
+#[derive(Clone, Copy, Debug)]
+struct HostFacts {
+    /// See [`SelectCtx::oversubscribed`].
+    oversubscribed: bool,
+    /// See [`SelectCtx::cache_bytes`].
+    cache_bytes: usize,
+}
+
+/// Gathers every rank's CPU set and last-level cache size; the local ones decide.
+fn host_facts(boot: &Bootstrap) -> Result<HostFacts> {
+    let mut mine = (last_level_cache_bytes() as u64).to_le_bytes().to_vec();
+    mine.extend(cpu_mask());
+    let all = boot.allgather(TAG_CPUS, &mine)?;
     let here = boot.host_id();
-    let local: Vec<&[u8]> = all
+    let local: Vec<(u64, &[u8])> = all
         .iter()
         .zip(boot.host_ids())
         .filter(|(_, h)| **h == here)
-        .map(|(m, _)| m.as_slice())
+        .map(|(m, _)| {
+            let (cache, mask) = m.split_at(8.min(m.len()));
+            (cache.try_into().map_or(0, u64::from_le_bytes), mask)
+        })
         .collect();
-    Ok(local.len() > cpus_in_union(&local))
+    let masks: Vec<&[u8]> = local.iter().map(|(_, m)| *m).collect();
+    Ok(HostFacts {
+        oversubscribed: local.len() > cpus_in_union(&masks),
+        cache_bytes: local.iter().map(|(c, _)| *c).min().unwrap_or(0) as usize,
+    })
+}
+
+/// Size of the last (highest-level) cache of CPU 0, from sysfs; 0 if it cannot be read.
+fn last_level_cache_bytes() -> usize {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(|e| {
+            let path = e.ok()?.path();
+            let level: u32 = read(path.join("level"))?.trim().parse().ok()?;
+            Some((level, parse_cache_size(&read(path.join("size"))?)?))
+        })
+        .max()
+        .map_or(0, |(_, bytes)| bytes)
+}
+
+/// A sysfs cache size (`32768K`, `4M`, `512`) in bytes.
+fn parse_cache_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, unit) = match s.char_indices().last()? {
+        (i, 'K') => (&s[..i], 1 << 10),
+        (i, 'M') => (&s[..i], 1 << 20),
+        (i, 'G') => (&s[..i], 1 << 30),
+        _ => (s, 1),
+    };
+    num.parse::<usize>().ok()?.checked_mul(unit)
 }
 
 /// The CPUs this thread may run on, as a bitmap (bit `c % 8` of byte `c / 8`); when the mask
@@ -589,5 +639,14 @@ mod tests {
         assert_eq!(cpus_in_union(&[&[0u8, 0b1000_0000], &cpu1]), 2);
         assert_eq!(cpus_in_union(&[&[]]), 1);
         assert!(cpu_mask().iter().any(|b| *b != 0));
+    }
+
+    #[test]
+    fn cache_sizes_parse_as_sysfs_writes_them() {
+        assert_eq!(parse_cache_size("32768K\n"), Some(32 << 20));
+        assert_eq!(parse_cache_size("4M"), Some(4 << 20));
+        assert_eq!(parse_cache_size("512"), Some(512));
+        assert_eq!(parse_cache_size("K"), None);
+        assert_eq!(parse_cache_size("x12K"), None);
     }
 }

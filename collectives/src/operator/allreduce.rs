@@ -65,6 +65,7 @@ mod tests {
             ccl_size,
             user_mem_links: true,
             oversubscribed: false,
+            cache_bytes: 0,
         };
         AllReduceOperator.select_alg(&p, &ctx).0
     }

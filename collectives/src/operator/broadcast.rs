@@ -1,5 +1,5 @@
-//! Broadcast operator: both ranks copying at once on 2 ranks, a pipelined chain from the root
-//! otherwise.
+//! Broadcast operator: both ranks copying at once on 2 ranks while the message fits the cache,
+//! a pipelined chain from the root otherwise.
 
 use crate::algorithms::broadcast_pair;
 use crate::executor::{Operator, SelectCtx};
@@ -12,11 +12,53 @@ impl Operator for BroadcastOperator {
         let pair = p.world == 2
             && ctx.user_mem_links
             && !ctx.oversubscribed
-            && p.count * p.elem() >= broadcast_pair::MIN_BYTES;
+            && p.count * p.elem() >= broadcast_pair::MIN_BYTES
+            && (ctx.cache_bytes == 0
+                || p.count * p.elem() <= ctx.cache_bytes / broadcast_pair::CACHE_SHARE);
         if pair {
             ("BroadcastPair", 0)
         } else {
             ("BroadcastChain", 0)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::op::OpKind;
+    use ampccl_runtime::{DataType, ReduceOp};
+
+    fn pick(bytes: usize, cache_bytes: usize) -> &'static str {
+        let p = OpParam {
+            kind: OpKind::Broadcast,
+            count: bytes,
+            dtype: DataType::U8,
+            op: ReduceOp::Sum,
+            root: 0,
+            rank: 1,
+            world: 2,
+            in_place: true,
+            seq: 0,
+        };
+        let ctx = SelectCtx {
+            ccl_size: 4 << 20,
+            user_mem_links: true,
+            oversubscribed: false,
+            cache_bytes,
+        };
+        BroadcastOperator.select_alg(&p, &ctx).0
+    }
+
+    #[test]
+    fn the_pair_serves_two_ranks_while_the_message_fits_its_share_of_the_cache() {
+        let llc = 32 << 20;
+        let fits = llc / broadcast_pair::CACHE_SHARE;
+        assert_eq!(pick(broadcast_pair::MIN_BYTES - 1, llc), "BroadcastChain");
+        assert_eq!(pick(broadcast_pair::MIN_BYTES, llc), "BroadcastPair");
+        assert_eq!(pick(fits, llc), "BroadcastPair");
+        assert_eq!(pick(fits + 1, llc), "BroadcastChain");
+        // Cache size unknown: the pair at every size from its minimum.
+        assert_eq!(pick(1 << 30, 0), "BroadcastPair");
     }
 }

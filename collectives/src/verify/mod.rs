@@ -227,6 +227,7 @@ pub fn selection(param: &OpParam, cfg: &VerifyConfig) -> &'static str {
         ccl_size: cfg.ccl_size,
         user_mem_links: cfg.user_mem_links,
         oversubscribed: false,
+        cache_bytes: 0,
     };
     operator::for_kind(param.kind).select_alg(param, &ctx).0
 }
