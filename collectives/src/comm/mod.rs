@@ -74,7 +74,7 @@ pub struct Communicator {
 /// Bootstrap tag of communicator setup and split exchanges.
 const TAG_SPLIT: u64 = 0x5350_4c00_0000_0000;
 /// Bootstrap tag of the host facts gathered at init (see [`host_facts`]).
-const TAG_CPUS: u64 = 0x4350_5500_0000_0000;
+const TAG_HOST: u64 = 0x4350_5500_0000_0000;
 
 impl Communicator {
     /// Joins the communicator of `world` ranks named by `id` as `rank` (like
@@ -527,15 +527,14 @@ impl CommInner {
     }
 }
 
-/// Whether this host runs more ranks of the communicator than the CPUs they may run on
-/// together: the union of the local ranks' affinity masks. Each rank's own mask is not enough:
-/// ranks pinned one per CPU (as MPI launchers and `ampccl-perf -g` pin them) each see one CPU,
-/// yet none shares its core.
 /// What the ranks on this host agree on about it (every local rank computes the same, so
 /// their algorithm choices agree).
 #[derive(Clone, Copy, Debug)]
 struct HostFacts {
-    /// See [`SelectCtx::oversubscribed`].
+    /// Whether this host runs more ranks of the communicator than the CPUs they may run on
+    /// together: the union of the local ranks' affinity masks. Each rank's own mask is not
+    /// enough: ranks pinned one per CPU (as MPI launchers and `ampccl-perf -g` pin them) each
+    /// see one CPU, yet none shares its core. See [`SelectCtx::oversubscribed`].
     oversubscribed: bool,
     /// See [`SelectCtx::cache_bytes`].
     cache_bytes: usize,
@@ -545,7 +544,7 @@ struct HostFacts {
 fn host_facts(boot: &Bootstrap) -> Result<HostFacts> {
     let mut mine = (last_level_cache_bytes() as u64).to_le_bytes().to_vec();
     mine.extend(cpu_mask());
-    let all = boot.allgather(TAG_CPUS, &mine)?;
+    let all = boot.allgather(TAG_HOST, &mine)?;
     let here = boot.host_id();
     let local: Vec<(u64, &[u8])> = all
         .iter()

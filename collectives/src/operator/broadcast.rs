@@ -9,12 +9,12 @@ pub struct BroadcastOperator;
 
 impl Operator for BroadcastOperator {
     fn select_alg(&self, p: &OpParam, ctx: &SelectCtx) -> (&'static str, u64) {
+        let bytes = p.count * p.elem();
         let pair = p.world == 2
             && ctx.user_mem_links
             && !ctx.oversubscribed
-            && p.count * p.elem() >= broadcast_pair::MIN_BYTES
-            && (ctx.cache_bytes == 0
-                || p.count * p.elem() <= ctx.cache_bytes / broadcast_pair::CACHE_SHARE);
+            && bytes >= broadcast_pair::MIN_BYTES
+            && (ctx.cache_bytes == 0 || bytes <= ctx.cache_bytes / broadcast_pair::CACHE_SHARE);
         if pair {
             ("BroadcastPair", 0)
         } else {
