@@ -368,3 +368,27 @@ fn allreduce_w2_pair_without_cma() {
         ],
     );
 }
+
+/// The operator picks `AllGatherPair` on 2 ranks only for outputs beyond a share of the
+/// cache; forced, every case runs it (the big count takes several pieces and a short last
+/// one), with and without cross-memory attach (it never needs it).
+#[test]
+fn allgather_w2_pair() {
+    launch(
+        2,
+        "allgather",
+        &[("AMPCCL_ALGO_ALLGATHER", "AllGatherPair")],
+    );
+}
+
+#[test]
+fn allgather_w2_pair_without_cma() {
+    launch(
+        2,
+        "allgather",
+        &[
+            ("AMPCCL_ALGO_ALLGATHER", "AllGatherPair"),
+            ("AMPCCL_SHM_CMA", "0"),
+        ],
+    );
+}

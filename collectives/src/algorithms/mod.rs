@@ -6,6 +6,7 @@ use crate::executor::Executor;
 use crate::op::OpKind;
 
 pub mod allgather_mesh;
+pub mod allgather_pair;
 pub mod allgather_ring;
 pub mod allreduce_oneshot;
 pub mod allreduce_pair;
@@ -41,6 +42,11 @@ pub fn builtin() -> Vec<(&'static str, OpKind, Arc<dyn Executor>)> {
             "AllGatherMesh",
             OpKind::AllGather,
             Arc::new(allgather_mesh::AllGatherMesh),
+        ),
+        (
+            "AllGatherPair",
+            OpKind::AllGather,
+            Arc::new(allgather_pair::AllGatherPair),
         ),
         (
             "AllGatherRing",

@@ -1,5 +1,7 @@
-//! AllGather operator: mesh (every rank writes to every peer at once, the source documents' example) while the whole output fits the CCL buffer and messages are small; ring otherwise.
+//! AllGather operator: mesh (every rank writes to every peer at once, the source documents' example) while the whole output fits the CCL buffer and messages are small; on 2 ranks the
+//! streaming pair once the output leaves the cache; ring otherwise.
 
+use crate::algorithms::allgather_pair;
 use crate::executor::{Operator, SelectCtx};
 use crate::op::OpParam;
 
@@ -11,10 +13,60 @@ pub struct AllGatherOperator;
 impl Operator for AllGatherOperator {
     fn select_alg(&self, p: &OpParam, ctx: &SelectCtx) -> (&'static str, u64) {
         let bytes = p.count * p.elem();
-        if bytes <= MESH_MAX_BYTES && bytes * p.world <= ctx.ccl_size {
+        let out = bytes * p.world;
+        let beyond_cache = if ctx.cache_bytes == 0 {
+            out >= allgather_pair::MIN_BYTES_UNKNOWN_CACHE
+        } else {
+            out > ctx.cache_bytes / allgather_pair::CACHE_SHARE
+        };
+        if bytes <= MESH_MAX_BYTES && out <= ctx.ccl_size {
             ("AllGatherMesh", 0)
+        } else if p.world == 2 && !ctx.oversubscribed && beyond_cache {
+            ("AllGatherPair", 0)
         } else {
             ("AllGatherRing", 0)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::op::OpKind;
+    use ampccl_runtime::{DataType, ReduceOp};
+
+    fn pick(world: usize, bytes: usize, cache_bytes: usize, oversubscribed: bool) -> &'static str {
+        let p = OpParam {
+            kind: OpKind::AllGather,
+            count: bytes,
+            dtype: DataType::U8,
+            op: ReduceOp::Sum,
+            root: 0,
+            rank: 0,
+            world,
+            in_place: false,
+            seq: 0,
+        };
+        let ctx = SelectCtx {
+            ccl_size: 4 << 20,
+            user_mem_links: true,
+            oversubscribed,
+            cache_bytes,
+        };
+        AllGatherOperator.select_alg(&p, &ctx).0
+    }
+
+    #[test]
+    fn two_ranks_take_the_pair_once_the_output_leaves_its_share_of_the_cache() {
+        let llc = 32 << 20;
+        let share = llc / allgather_pair::CACHE_SHARE;
+        assert_eq!(pick(2, 1024, llc, false), "AllGatherMesh");
+        assert_eq!(pick(2, share / 2, llc, false), "AllGatherRing");
+        assert_eq!(pick(2, share / 2 + 1, llc, false), "AllGatherPair");
+        assert_eq!(pick(2, share / 2 + 1, llc, true), "AllGatherRing");
+        assert_eq!(pick(3, share, llc, false), "AllGatherRing");
+        let unknown = allgather_pair::MIN_BYTES_UNKNOWN_CACHE / 2;
+        assert_eq!(pick(2, unknown - 1, 0, false), "AllGatherRing");
+        assert_eq!(pick(2, unknown, 0, false), "AllGatherPair");
     }
 }

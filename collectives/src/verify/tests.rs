@@ -134,7 +134,14 @@ fn all_reduce_algorithms() {
 
 #[test]
 fn all_gather_algorithms() {
-    verify_kind(OpKind::AllGather);
+    let r = verify_kind(OpKind::AllGather);
+    let get = |n| r.iter().find(|x| x.0 == n).copied().expect("registered");
+    let (_, ring_ok, ring_skip) = get("AllGatherRing");
+    assert!(ring_ok > 0 && ring_skip == 0, "{r:?}");
+    // The pair runs every 2-rank configuration, with and without user-memory links, and
+    // refuses the rest.
+    let (_, pair_ok, pair_skip) = get("AllGatherPair");
+    assert!(pair_ok > 0 && pair_skip > pair_ok, "{r:?}");
 }
 
 #[test]
