@@ -1,5 +1,6 @@
-//! AllGather operator: mesh (every rank writes to every peer at once, the source documents' example) while the whole output fits the CCL buffer and messages are small; on 2 ranks the
-//! streaming pair once the output leaves the cache; ring otherwise.
+//! AllGather operator: mesh (every rank writes to every peer at once, the source documents'
+//! example) while the whole output fits the CCL buffer and messages are small; on 2 ranks the
+//! streaming pair once the output leaves its share of the cache; ring otherwise.
 
 use crate::algorithms::allgather_pair;
 use crate::executor::{Operator, SelectCtx};
