@@ -5,8 +5,8 @@
 //! sends and receives `(P-1)/P` of the input once.
 //!
 //! Rounds of at most one half-buffer and at most [`PIECE`] bytes per block (round `i` reduces
-//! elements `[start, start + len)` of every block). `Avg` reduces as `Sum` and divides the output once
-//! at the end. In place (output = input + rank * count) is safe: block `rank` of the input is
+//! elements `[start, start + len)` of every block). `Avg` reduces as `Sum` and divides the
+//! output once at the end. In place (output = input + rank * count) is safe: block `rank` of the input is
 //! read only by the final reduction, which writes it.
 
 use ampccl_runtime::{ReduceOp, Result};
