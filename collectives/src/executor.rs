@@ -36,6 +36,14 @@ pub struct SelectCtx {
     pub cache_bytes: usize,
 }
 
+impl SelectCtx {
+    /// Whether `bytes` fit 1/`share` of the last-level cache; `None` when its size is unknown
+    /// (each operator then decides by size alone).
+    pub fn fits_cache_share(&self, bytes: usize, share: usize) -> Option<bool> {
+        (self.cache_bytes != 0).then(|| bytes <= self.cache_bytes / share)
+    }
+}
+
 /// One per collective: validates and selects the algorithm.
 pub trait Operator: Send + Sync {
     /// Collective-specific checks beyond the framework's generic ones.

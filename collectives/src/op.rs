@@ -1,6 +1,6 @@
 //! `OpParam`: what one collective call asks for, and its cross-rank fingerprint.
 
-use ampccl_runtime::{DataType, ReduceOp};
+use ampccl_runtime::{DataType, Error, ReduceOp, Result};
 
 /// The collective (or point-to-point) operation kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -116,6 +116,19 @@ impl OpParam {
     /// Output bytes.
     pub fn output_bytes(&self) -> usize {
         self.kind.output_count(self.count, self.world) * self.elem()
+    }
+
+    /// The other rank of a 2-rank algorithm `alg`; outside its domain (any other world size)
+    /// an `InvalidArgument` naming it.
+    pub fn pair_peer(&self, alg: &str) -> Result<usize> {
+        if self.world == 2 {
+            Ok(1 - self.rank)
+        } else {
+            Err(Error::InvalidArgument(format!(
+                "{alg} needs 2 ranks (world {})",
+                self.world
+            )))
+        }
     }
 
     /// 32-bit fingerprint of what every participating rank must agree on (kind, count, dtype,

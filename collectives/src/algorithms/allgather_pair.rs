@@ -19,7 +19,7 @@
 //! algorithm only messages beyond a share of the cache ([`CACHE_SHARE`]). Needs no links
 //! into user memory: every transfer lands in a window.
 
-use ampccl_runtime::{Error, Result};
+use ampccl_runtime::Result;
 
 use crate::executor::Executor;
 use crate::op::OpParam;
@@ -59,13 +59,7 @@ impl Executor for AllGatherPair {
         if p.world == 1 {
             return copy_through(p, res, bytes);
         }
-        if p.world != 2 {
-            return Err(Error::InvalidArgument(format!(
-                "AllGatherPair needs 2 ranks (world {})",
-                p.world
-            )));
-        }
-        let (me, peer) = (p.rank, 1 - p.rank);
+        let (me, peer) = (p.rank, p.pair_peer("AllGatherPair")?);
         let (input, output) = (Mem::of(BufKind::UserIn), Mem::of(BufKind::UserOut));
         let mut r = Ring::new(p, res.ccl_in_size);
         let piece = r.slot_elems(e).min(PIECE / e).max(1);

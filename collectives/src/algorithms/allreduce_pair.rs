@@ -19,7 +19,7 @@
 //! memory, a rank reduces straight into its output and offers it from there (no extra pass,
 //! nothing to stream). Without such links every transfer goes through the windows.
 
-use ampccl_runtime::{Error, ReduceOp, Result};
+use ampccl_runtime::{ReduceOp, Result};
 
 use crate::executor::Executor;
 use crate::op::OpParam;
@@ -53,12 +53,7 @@ impl Executor for AllReducePair {
         if p.world == 1 {
             return copy_through(p, res, p.count * e);
         }
-        if p.world != 2 {
-            return Err(Error::InvalidArgument(format!(
-                "AllReducePair needs 2 ranks (world {})",
-                p.world
-            )));
-        }
+        let peer = p.pair_peer("AllReducePair")?;
         let mut r = Ring::new(p, res.ccl_in_size);
         // Each round reduces one slot (and at most one `CclOut`) per rank.
         let piece = r.slot_elems(e).min(res.ccl_out_size / e).max(1);
@@ -69,7 +64,6 @@ impl Executor for AllReducePair {
         // two ranks may choose differently.
         let direct = p.in_place && res.user_mem_links;
         let staged = Mem::of(BufKind::CclOut);
-        let peer = 1 - p.rank;
         for (start, len) in rounds(p.count, 2 * piece) {
             let halves = Blocks {
                 count: len,

@@ -64,13 +64,12 @@ impl Executor for BroadcastPair {
         if p.world == 1 {
             return copy_through(p, res, bytes);
         }
-        if p.world != 2 || !res.user_mem_links {
-            return Err(Error::InvalidArgument(format!(
-                "BroadcastPair needs 2 ranks whose links reach user memory (world {}, user-memory links: {})",
-                p.world, res.user_mem_links
-            )));
+        let peer = p.pair_peer("BroadcastPair")?;
+        if !res.user_mem_links {
+            return Err(Error::InvalidArgument(
+                "BroadcastPair needs links that reach user memory (cross-memory attach)".into(),
+            ));
         }
-        let peer = 1 - p.rank;
         let k = root_bytes(p, bytes);
         if p.rank == p.root {
             let input = Mem::of(BufKind::UserIn);

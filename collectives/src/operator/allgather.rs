@@ -15,14 +15,14 @@ impl Operator for AllGatherOperator {
     fn select_alg(&self, p: &OpParam, ctx: &SelectCtx) -> (&'static str, u64) {
         let bytes = p.count * p.elem();
         let out = bytes * p.world;
-        let beyond_cache = if ctx.cache_bytes == 0 {
-            out >= allgather_pair::MIN_BYTES_UNKNOWN_CACHE
-        } else {
-            out > ctx.cache_bytes / allgather_pair::CACHE_SHARE
-        };
         if bytes <= MESH_MAX_BYTES && out <= ctx.ccl_size {
-            ("AllGatherMesh", 0)
-        } else if p.world == 2 && !ctx.oversubscribed && beyond_cache {
+            return ("AllGatherMesh", 0);
+        }
+        let beyond_cache = match ctx.fits_cache_share(out, allgather_pair::CACHE_SHARE) {
+            Some(fits) => !fits,
+            None => out >= allgather_pair::MIN_BYTES_UNKNOWN_CACHE,
+        };
+        if p.world == 2 && !ctx.oversubscribed && beyond_cache {
             ("AllGatherPair", 0)
         } else {
             ("AllGatherRing", 0)
@@ -34,27 +34,16 @@ impl Operator for AllGatherOperator {
 mod tests {
     use super::*;
     use crate::op::OpKind;
-    use ampccl_runtime::{DataType, ReduceOp};
+    use crate::operator::selected;
 
     fn pick(world: usize, bytes: usize, cache_bytes: usize, oversubscribed: bool) -> &'static str {
-        let p = OpParam {
-            kind: OpKind::AllGather,
-            count: bytes,
-            dtype: DataType::U8,
-            op: ReduceOp::Sum,
-            root: 0,
-            rank: 0,
-            world,
-            in_place: false,
-            seq: 0,
-        };
         let ctx = SelectCtx {
             ccl_size: 4 << 20,
             user_mem_links: true,
             oversubscribed,
             cache_bytes,
         };
-        AllGatherOperator.select_alg(&p, &ctx).0
+        selected(OpKind::AllGather, bytes, world, false, &ctx)
     }
 
     #[test]

@@ -47,27 +47,16 @@ impl Operator for AllReduceOperator {
 mod tests {
     use super::*;
     use crate::op::OpKind;
-    use ampccl_runtime::{DataType, ReduceOp};
+    use crate::operator::selected;
 
     fn pick(bytes: usize, world: usize, in_place: bool, ccl_size: usize) -> &'static str {
-        let p = OpParam {
-            kind: OpKind::AllReduce,
-            count: bytes / 4,
-            dtype: DataType::F32,
-            op: ReduceOp::Sum,
-            root: 0,
-            rank: 0,
-            world,
-            in_place,
-            seq: 0,
-        };
         let ctx = SelectCtx {
             ccl_size,
             user_mem_links: true,
             oversubscribed: false,
             cache_bytes: 0,
         };
-        AllReduceOperator.select_alg(&p, &ctx).0
+        selected(OpKind::AllReduce, bytes, world, in_place, &ctx)
     }
 
     #[test]

@@ -14,7 +14,9 @@ impl Operator for BroadcastOperator {
             && ctx.user_mem_links
             && !ctx.oversubscribed
             && bytes >= broadcast_pair::MIN_BYTES
-            && (ctx.cache_bytes == 0 || bytes <= ctx.cache_bytes / broadcast_pair::CACHE_SHARE);
+            && ctx
+                .fits_cache_share(bytes, broadcast_pair::CACHE_SHARE)
+                .unwrap_or(true);
         if pair {
             ("BroadcastPair", 0)
         } else {
@@ -27,27 +29,16 @@ impl Operator for BroadcastOperator {
 mod tests {
     use super::*;
     use crate::op::OpKind;
-    use ampccl_runtime::{DataType, ReduceOp};
+    use crate::operator::selected;
 
     fn pick(bytes: usize, cache_bytes: usize) -> &'static str {
-        let p = OpParam {
-            kind: OpKind::Broadcast,
-            count: bytes,
-            dtype: DataType::U8,
-            op: ReduceOp::Sum,
-            root: 0,
-            rank: 1,
-            world: 2,
-            in_place: true,
-            seq: 0,
-        };
         let ctx = SelectCtx {
             ccl_size: 4 << 20,
             user_mem_links: true,
             oversubscribed: false,
             cache_bytes,
         };
-        BroadcastOperator.select_alg(&p, &ctx).0
+        selected(OpKind::Broadcast, bytes, 2, true, &ctx)
     }
 
     #[test]

@@ -13,6 +13,30 @@ pub mod reduce;
 pub mod reduce_scatter;
 pub mod send_recv;
 
+/// Test support: the algorithm the operator of `kind` selects for rank 0's call (root 0) of
+/// `bytes` in `u8` elements on `world` ranks.
+#[cfg(test)]
+pub(crate) fn selected(
+    kind: OpKind,
+    bytes: usize,
+    world: usize,
+    in_place: bool,
+    ctx: &crate::executor::SelectCtx,
+) -> &'static str {
+    let p = crate::op::OpParam {
+        kind,
+        count: bytes,
+        dtype: ampccl_runtime::DataType::U8,
+        op: ampccl_runtime::ReduceOp::Sum,
+        root: 0,
+        rank: 0,
+        world,
+        in_place,
+        seq: 0,
+    };
+    for_kind(kind).select_alg(&p, ctx).0
+}
+
 /// The operator for `kind`.
 pub fn for_kind(kind: OpKind) -> &'static dyn Operator {
     match kind {
