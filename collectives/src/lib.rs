@@ -15,6 +15,7 @@ mod api;
 mod comm;
 pub mod config;
 pub mod executor;
+mod fasthash;
 pub mod multipath;
 pub mod op;
 pub mod operator;

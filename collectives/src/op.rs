@@ -1,6 +1,10 @@
 //! `OpParam`: what one collective call asks for, and its cross-rank fingerprint.
 
+use std::hash::Hasher;
+
 use ampccl_runtime::{DataType, Error, ReduceOp, Result};
+
+use crate::fasthash::WordHasher;
 
 /// The collective (or point-to-point) operation kinds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -136,7 +140,7 @@ impl OpParam {
     /// differs refuses the transfer, so mismatched calls fail on every rank instead of hanging
     /// or computing garbage. Send and Recv share a fingerprint (byte count only).
     pub fn fingerprint(&self) -> u32 {
-        let mut h = Fnv::default();
+        let mut h = WordHasher::default();
         match self.kind {
             OpKind::Send | OpKind::Recv => {
                 h.add(0x5032_5000);
@@ -150,7 +154,7 @@ impl OpParam {
                 h.add(if k.has_root() { self.root as u64 } else { 0 });
             }
         }
-        let v = h.0;
+        let v = h.finish();
         ((v >> 32) as u32 ^ v as u32) & 0x7fff_ffff
     }
 
@@ -206,24 +210,6 @@ impl OpParam {
             seq,
         };
         Some(p.describe())
-    }
-}
-
-/// FNV-1a over 64-bit words.
-struct Fnv(u64);
-
-impl Default for Fnv {
-    fn default() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv {
-    fn add(&mut self, v: u64) {
-        for b in v.to_le_bytes() {
-            self.0 ^= b as u64;
-            self.0 = self.0.wrapping_mul(0x100_0000_01b3);
-        }
     }
 }
 

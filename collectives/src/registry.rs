@@ -1,12 +1,12 @@
 //! The executor registry: algorithms by stable name (HCCL's `REGISTER_EXEC`).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use ampccl_runtime::{Error, Result};
 
 use crate::algorithms;
 use crate::executor::Executor;
+use crate::fasthash::FastMap;
 use crate::op::OpKind;
 
 /// A registered algorithm.
@@ -20,7 +20,10 @@ pub struct Entry {
 /// Algorithms by name. Registering a name twice is an error.
 #[derive(Clone, Default)]
 pub struct Registry {
-    entries: BTreeMap<&'static str, Entry>,
+    /// Sorted by name.
+    entries: Vec<Entry>,
+    /// Position in `entries` by name.
+    index: FastMap<&'static str, usize>,
 }
 
 impl Registry {
@@ -46,30 +49,46 @@ impl Registry {
         kind: OpKind,
         executor: Arc<dyn Executor>,
     ) -> Result<()> {
-        if self.entries.contains_key(name) {
+        let Err(at) = self.entries.binary_search_by_key(&name, |e| e.name) else {
             return Err(Error::InvalidUsage(format!(
                 "algorithm {name:?} is already registered"
             )));
-        }
+        };
         self.entries.insert(
-            name,
+            at,
             Entry {
                 name,
                 kind,
                 executor,
             },
         );
+        self.index = self
+            .entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.name, i))
+            .collect();
         Ok(())
     }
 
     /// The algorithm called `name`.
     pub fn get(&self, name: &str) -> Option<&Entry> {
-        self.entries.get(name)
+        self.position(name).map(|i| &self.entries[i])
+    }
+
+    /// Where the algorithm called `name` is in [`Registry::list`]'s order.
+    pub(crate) fn position(&self, name: &str) -> Option<usize> {
+        self.index.get(name).copied()
+    }
+
+    /// The algorithm at `position` (see [`Registry::position`]).
+    pub(crate) fn at(&self, position: usize) -> &Entry {
+        &self.entries[position]
     }
 
     /// Every algorithm, sorted by name.
     pub fn list(&self) -> impl Iterator<Item = &Entry> {
-        self.entries.values()
+        self.entries.iter()
     }
 }
 

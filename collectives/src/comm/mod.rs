@@ -2,7 +2,6 @@
 //! steps): validate → operator selects `(algorithm, new_tag)` → resources by tag (created from
 //! the executor's request on first use, then cached) → executor orchestrates onto streams.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -12,7 +11,7 @@ use ampccl_runtime::mem::HostBuffer;
 use ampccl_runtime::notify::Notify;
 use ampccl_runtime::stream::{Event, Stream};
 use ampccl_runtime::task::Task;
-use ampccl_runtime::{Error, Result};
+use ampccl_runtime::{DataType, Error, ReduceOp, Result};
 use ampccl_transport::bootstrap::{Bootstrap, UniqueId};
 use ampccl_transport::link::Link;
 use ampccl_transport::probe;
@@ -20,6 +19,7 @@ use ampccl_transport::shm::{self, ShmConfig, ShmDevice};
 
 use crate::config::{self, Config};
 use crate::executor::{Operator, SelectCtx};
+use crate::fasthash::FastMap;
 use crate::op::{OpKind, OpParam};
 use crate::operator;
 use crate::registry::{Entry, Registry};
@@ -37,6 +37,50 @@ struct Resources {
     scratch: HostBuffer,
 }
 
+/// Resources by algorithm and tag, and the latest call's plan.
+#[derive(Default)]
+struct PlanCache {
+    resources: FastMap<(&'static str, u64), Arc<Resources>>,
+    /// A loop of calls of one shape (a training step's) skips selection and both lookups:
+    /// about 20 ns of a 140 ns 1-rank allreduce.
+    last: Option<Plan>,
+}
+
+/// What a call runs: the algorithm, its resources and the call's fingerprint.
+#[derive(Clone)]
+struct Plan {
+    shape: Shape,
+    /// The algorithm's position in the registry.
+    entry: usize,
+    res: Arc<Resources>,
+    fingerprint: u32,
+}
+
+/// What a plan depends on besides the communicator (whose rank, size, configuration and
+/// host facts are fixed): everything of the call but its sequence number.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Shape {
+    kind: OpKind,
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    root: usize,
+    in_place: bool,
+}
+
+impl Shape {
+    fn of(p: &OpParam) -> Shape {
+        Shape {
+            kind: p.kind,
+            count: p.count,
+            dtype: p.dtype,
+            op: p.op,
+            root: p.root,
+            in_place: p.in_place,
+        }
+    }
+}
+
 pub(crate) struct CommInner {
     pub(crate) rank: usize,
     pub(crate) world: usize,
@@ -48,7 +92,7 @@ pub(crate) struct CommInner {
     registry: Registry,
     links: Vec<OnceLock<Arc<Link>>>,
     link_table: Mutex<Vec<Option<Arc<Link>>>>,
-    cache: Mutex<HashMap<(&'static str, u64), Arc<Resources>>>,
+    cache: Mutex<PlanCache>,
     /// Completion of the latest operation and its stream (operations of a communicator run in
     /// issue order, whatever stream they are on: they share the CCL buffers and links).
     last: Mutex<Option<(Stream, Event)>>,
@@ -148,7 +192,7 @@ impl Communicator {
                 registry,
                 links: (0..world).map(|_| OnceLock::new()).collect(),
                 link_table: Mutex::new(vec![None; world]),
-                cache: Mutex::new(HashMap::new()),
+                cache: Mutex::new(PlanCache::default()),
                 last: Mutex::new(None),
                 group_streams: Mutex::new(Vec::new()),
                 seq: AtomicU64::new(0),
@@ -378,15 +422,36 @@ pub(crate) struct Call {
 }
 
 impl CommInner {
-    fn select(&self, p: &OpParam, op: &dyn Operator, ctx: &SelectCtx) -> Result<(&Entry, u64)> {
+    /// The plan of a call: the latest call's again if `p` has its shape, else selected anew.
+    fn plan(&self, p: &OpParam, ctx: &SelectCtx) -> Result<Plan> {
+        let shape = Shape::of(p);
+        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(plan) = cache.last.as_ref().filter(|l| l.shape == shape) {
+            return Ok(plan.clone());
+        }
+        let (entry, new_tag) = self.select(p, operator::for_kind(p.kind), ctx)?;
+        let res = self.resources(&mut cache.resources, self.registry.at(entry), new_tag, p)?;
+        let plan = Plan {
+            shape,
+            entry,
+            res,
+            fingerprint: p.fingerprint(),
+        };
+        cache.last = Some(plan.clone());
+        Ok(plan)
+    }
+
+    /// The algorithm for `p` (its registry position) and its resource tag.
+    fn select(&self, p: &OpParam, op: &dyn Operator, ctx: &SelectCtx) -> Result<(usize, u64)> {
         if let Some(name) = self.config.forced.get(&p.kind) {
-            let e = self.registry.get(name).ok_or_else(|| {
+            let i = self.registry.position(name).ok_or_else(|| {
                 Error::InvalidArgument(format!(
                     "AMPCCL_ALGO_{}={name}: no such algorithm (registered:\n{})",
                     p.kind.name().to_uppercase(),
                     self.registry
                 ))
             })?;
+            let e = self.registry.at(i);
             if e.kind != p.kind {
                 return Err(Error::InvalidArgument(format!(
                     "algorithm {name} runs {}, not {}",
@@ -394,13 +459,13 @@ impl CommInner {
                     p.kind.name()
                 )));
             }
-            return Ok((e, 0));
+            return Ok((i, 0));
         }
         let (name, tag) = op.select_alg(p, ctx);
-        let e = self.registry.get(name).ok_or_else(|| {
+        let i = self.registry.position(name).ok_or_else(|| {
             Error::Internal(format!("operator selected unregistered algorithm {name}"))
         })?;
-        Ok((e, tag))
+        Ok((i, tag))
     }
 
     /// Queues one job onto `stream` (the caller, `submit`, guarantees the calls' regions stay
@@ -443,8 +508,8 @@ impl CommInner {
             oversubscribed: self.host.oversubscribed,
             cache_bytes: self.host.cache_bytes,
         };
-        let (entry, new_tag) = self.select(p, operator::for_kind(p.kind), &ctx)?;
-        let res = self.resources(entry, new_tag, p)?;
+        let plan = self.plan(p, &ctx)?;
+        let (entry, res) = (self.registry.at(plan.entry), &plan.res);
         let (window, _) = self.dev.window();
         let b = self.config.buffsize;
         let mut regions = [Region::EMPTY; 5];
@@ -468,7 +533,7 @@ impl CommInner {
             notifies: &res.notifies,
             links: &links,
             regions,
-            tag: p.fingerprint(),
+            tag: plan.fingerprint,
         };
         let mut resp = AlgResourceResponse {
             ccl_in_size: b,
@@ -489,9 +554,15 @@ impl CommInner {
         Ok(())
     }
 
-    fn resources(&self, entry: &Entry, new_tag: u64, p: &OpParam) -> Result<Arc<Resources>> {
+    /// The resources of `entry` for `new_tag`, made at its first use.
+    fn resources(
+        &self,
+        cache: &mut FastMap<(&'static str, u64), Arc<Resources>>,
+        entry: &Entry,
+        new_tag: u64,
+        p: &OpParam,
+    ) -> Result<Arc<Resources>> {
         let key = (entry.name, new_tag);
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(r) = cache.get(&key) {
             return Ok(r.clone());
         }
