@@ -1,6 +1,7 @@
 //! `Communicator`: a group of ranks and everything an operation needs (HCCL's framework
 //! steps): validate → operator selects `(algorithm, new_tag)` → resources by tag (created from
-//! the executor's request on first use, then cached) → executor orchestrates onto streams.
+//! the executor's request on first use, then cached) → executor orchestrates onto streams. A
+//! call of the same shape as the latest one reuses its plan (algorithm, resources, fingerprint).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -42,7 +43,7 @@ struct Resources {
 struct PlanCache {
     resources: FastMap<(&'static str, u64), Arc<Resources>>,
     /// A loop of calls of one shape (a training step's) skips selection and both lookups:
-    /// about 20 ns of a 140 ns 1-rank allreduce.
+    /// about 25 ns of a 140 ns 1-rank allreduce.
     last: Option<Plan>,
 }
 
