@@ -62,7 +62,7 @@ impl Executor for AllGatherPair {
         let (me, peer) = (p.rank, p.pair_peer("AllGatherPair")?);
         let (input, output) = (Mem::of(BufKind::UserIn), Mem::of(BufKind::UserOut));
         let mut r = Ring::new(p, res.ccl_in_size);
-        let piece = r.slot_elems(e).min(PIECE / e).max(1);
+        let piece = r.piece_elems(e, PIECE);
         for (start, len) in rounds(p.count, piece) {
             let (off, n) = (start * e, len * e);
             let slot = r.next_slot();

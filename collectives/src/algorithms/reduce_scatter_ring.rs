@@ -6,8 +6,8 @@
 //!
 //! Rounds of at most one half-buffer and at most [`PIECE`] bytes per block (round `i` reduces
 //! elements `[start, start + len)` of every block). `Avg` reduces as `Sum` and divides the
-//! output once at the end. In place (output = input + rank * count) is safe: block `rank` of the input is
-//! read only by the final reduction, which writes it.
+//! output once at the end. In place (output = input + rank * count) is safe: block `rank` of
+//! the input is read only by the final reduction, which writes it.
 
 use ampccl_runtime::{ReduceOp, Result};
 
@@ -43,7 +43,7 @@ impl Executor for ReduceScatterRing {
             return copy_own(res, p.in_place, 0, 0, n * e);
         }
         let mut r = Ring::new(p, res.ccl_in_size);
-        for (start, len) in rounds(n, r.slot_elems(e).min(PIECE / e).max(1)) {
+        for (start, len) in rounds(n, r.piece_elems(e, PIECE)) {
             let out = Mem::of(BufKind::UserOut).add(start * e);
             let round = Round {
                 layout: Layout::Strided { stride: n, len },

@@ -40,6 +40,11 @@ impl Ring {
         self.slot_bytes / elem
     }
 
+    /// Elements of a round's piece: what fits one slot and at most `max_bytes`, at least one.
+    pub fn piece_elems(&self, elem: usize, max_bytes: usize) -> usize {
+        self.slot_elems(elem).min(max_bytes / elem).max(1)
+    }
+
     /// The next receive slot (alternating halves of `CclIn`).
     pub fn next_slot(&mut self) -> Mem {
         let m = Mem::of(BufKind::CclIn).add((self.slot % 2) * self.slot_bytes);

@@ -119,29 +119,41 @@ fn verify_kind(kind: OpKind) -> Vec<(&'static str, usize, usize)> {
     out
 }
 
+/// `(passed, skipped)` of algorithm `name` in a [`verify_kind`] result.
+fn outcome(r: &[(&'static str, usize, usize)], name: &str) -> (usize, usize) {
+    let &(_, ok, skip) = r.iter().find(|x| x.0 == name).expect("registered");
+    (ok, skip)
+}
+
+/// `name` ran every configuration and refused none.
+fn assert_runs_everywhere(r: &[(&'static str, usize, usize)], name: &str) {
+    let (ok, skip) = outcome(r, name);
+    assert!(ok > 0 && skip == 0, "{name}: {r:?}");
+}
+
+/// `name`, a 2-rank algorithm, ran some configurations and refused more.
+fn assert_refuses_most(r: &[(&'static str, usize, usize)], name: &str) {
+    let (ok, skip) = outcome(r, name);
+    assert!(ok > 0 && skip > ok, "{name}: {r:?}");
+}
+
 #[test]
 fn all_reduce_algorithms() {
     let r = verify_kind(OpKind::AllReduce);
-    let get = |n| r.iter().find(|x| x.0 == n).copied().expect("registered");
-    let (_, ring_ok, ring_skip) = get("AllReduceRing");
-    assert!(ring_ok > 0 && ring_skip == 0, "{r:?}");
-    let (_, one_ok, one_skip) = get("AllReduceOneShot");
+    assert_runs_everywhere(&r, "AllReduceRing");
+    let (one_ok, one_skip) = outcome(&r, "AllReduceOneShot");
     assert!(one_ok > 0 && one_skip > 0, "{r:?}");
     // The pair runs every 2-rank configuration and refuses the rest.
-    let (_, pair_ok, pair_skip) = get("AllReducePair");
-    assert!(pair_ok > 0 && pair_skip > pair_ok, "{r:?}");
+    assert_refuses_most(&r, "AllReducePair");
 }
 
 #[test]
 fn all_gather_algorithms() {
     let r = verify_kind(OpKind::AllGather);
-    let get = |n| r.iter().find(|x| x.0 == n).copied().expect("registered");
-    let (_, ring_ok, ring_skip) = get("AllGatherRing");
-    assert!(ring_ok > 0 && ring_skip == 0, "{r:?}");
+    assert_runs_everywhere(&r, "AllGatherRing");
     // The pair runs every 2-rank configuration, with and without user-memory links, and
     // refuses the rest.
-    let (_, pair_ok, pair_skip) = get("AllGatherPair");
-    assert!(pair_ok > 0 && pair_skip > pair_ok, "{r:?}");
+    assert_refuses_most(&r, "AllGatherPair");
 }
 
 #[test]
@@ -152,12 +164,9 @@ fn reduce_scatter_algorithms() {
 #[test]
 fn broadcast_algorithms() {
     let r = verify_kind(OpKind::Broadcast);
-    let get = |n| r.iter().find(|x| x.0 == n).copied().expect("registered");
-    let (_, chain_ok, chain_skip) = get("BroadcastChain");
-    assert!(chain_ok > 0 && chain_skip == 0, "{r:?}");
+    assert_runs_everywhere(&r, "BroadcastChain");
     // The pair runs every 2-rank configuration with user-memory links and refuses the rest.
-    let (_, pair_ok, pair_skip) = get("BroadcastPair");
-    assert!(pair_ok > 0 && pair_skip > pair_ok, "{r:?}");
+    assert_refuses_most(&r, "BroadcastPair");
 }
 
 #[test]
