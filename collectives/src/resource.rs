@@ -6,6 +6,8 @@
 //! offset) and streams/notifies by index. The framework's sink resolves and bounds-checks them
 //! and enqueues real runtime tasks; the offline verifier's sink records them instead.
 
+use std::cell::Cell;
+
 use ampccl_runtime::{DataType, ReduceOp, Result};
 
 /// The buffers an executor can name.
@@ -196,6 +198,9 @@ pub struct AlgResourceResponse<'a> {
     pub notify_num: usize,
     /// Whether peers can receive straight into user buffers (`rx_async` into `UserOut`).
     pub user_mem_links: bool,
+    /// Where the next receive slot in `CclIn` starts (kept across calls, see
+    /// [`crate::steps::window`]).
+    pub ccl_in_cursor: &'a Cell<usize>,
     /// Where the tasks go.
     pub tasks: &'a mut dyn TaskSink,
 }

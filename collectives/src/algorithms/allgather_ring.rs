@@ -30,12 +30,8 @@ impl Executor for AllGatherRing {
         if p.world == 1 || n == 0 {
             return Ok(());
         }
-        let mut r = Ring::new(p, res.ccl_in_size);
-        let per_round = if res.user_mem_links {
-            n
-        } else {
-            r.slot_elems(e)
-        };
+        let mut r = Ring::new(p, res, usize::MAX);
+        let per_round = if res.user_mem_links { n } else { r.piece_elems };
         for (start, len) in rounds(n, per_round) {
             let round = Round {
                 layout: Layout::Strided { stride: n, len },

@@ -54,9 +54,9 @@ impl Executor for AllReducePair {
             return copy_through(p, res, p.count * e);
         }
         let peer = p.pair_peer("AllReducePair")?;
-        let mut r = Ring::new(p, res.ccl_in_size);
         // Each round reduces one slot (and at most one `CclOut`) per rank.
-        let piece = r.piece_elems(e, res.ccl_out_size);
+        let mut r = Ring::new(p, res, res.ccl_out_size);
+        let piece = r.piece_elems;
         let (input, output) = (Mem::of(BufKind::UserIn), Mem::of(BufKind::UserOut));
         // In place (links reaching user memory) the result is reduced into the output and
         // offered from there: the ring's passes, the output cached. Out of place it goes

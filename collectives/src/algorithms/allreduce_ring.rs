@@ -29,8 +29,8 @@ impl Executor for AllReduceRing {
             }
             return Ok(());
         }
-        let mut r = Ring::new(p, res.ccl_in_size);
-        let per_round = r.slot_elems(e) * p.world;
+        let mut r = Ring::new(p, res, usize::MAX);
+        let per_round = r.piece_elems * p.world;
         for (start, len) in rounds(p.count, per_round) {
             let round = Round {
                 layout: Layout::Split(Blocks {

@@ -42,8 +42,8 @@ impl Executor for ReduceScatterRing {
             // Avg over one rank is the value itself.
             return copy_own(res, p.in_place, 0, 0, n * e);
         }
-        let mut r = Ring::new(p, res.ccl_in_size);
-        for (start, len) in rounds(n, r.piece_elems(e, PIECE)) {
+        let mut r = Ring::new(p, res, PIECE);
+        for (start, len) in rounds(n, r.piece_elems) {
             let out = Mem::of(BufKind::UserOut).add(start * e);
             let round = Round {
                 layout: Layout::Strided { stride: n, len },

@@ -3,7 +3,8 @@
 //! the executor's request on first use, then cached) → executor orchestrates onto streams. A
 //! call of the same shape as the latest one reuses its plan (algorithm, resources, fingerprint).
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -100,6 +101,9 @@ pub(crate) struct CommInner {
     /// Streams of group members (grown on demand).
     group_streams: Mutex<Vec<Stream>>,
     seq: AtomicU64,
+    /// Where the next call's first receive slot in `CclIn` starts (see
+    /// [`crate::steps::window`]); read and written by `orchestrate` under `link_table`'s lock.
+    window_cursor: AtomicUsize,
     failed: AtomicBool,
     /// What the local ranks agreed on about their host at init.
     host: HostFacts,
@@ -197,6 +201,7 @@ impl Communicator {
                 last: Mutex::new(None),
                 group_streams: Mutex::new(Vec::new()),
                 seq: AtomicU64::new(0),
+                window_cursor: AtomicUsize::new(0),
                 failed: AtomicBool::new(false),
                 host,
                 splits: AtomicU64::new(0),
@@ -536,6 +541,7 @@ impl CommInner {
             regions,
             tag: plan.fingerprint,
         };
+        let cursor = Cell::new(self.window_cursor.load(Ordering::Relaxed));
         let mut resp = AlgResourceResponse {
             ccl_in_size: b,
             ccl_out_size: b,
@@ -543,6 +549,7 @@ impl CommInner {
             stream_num: res.slaves.len(),
             notify_num: res.notifies.len(),
             user_mem_links: ctx.user_mem_links,
+            ccl_in_cursor: &cursor,
             tasks: &mut sink,
         };
         // A task of an inline stream runs to completion before the next is issued, so only
@@ -551,6 +558,7 @@ impl CommInner {
             .then(|| stream.inline_while_idle())
             .flatten();
         entry.executor.orchestrate(p, &mut resp)?;
+        self.window_cursor.store(cursor.get(), Ordering::Relaxed);
         drop(links);
         Ok(())
     }

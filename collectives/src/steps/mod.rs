@@ -4,3 +4,4 @@ pub mod blocks;
 pub mod exchange;
 pub mod pipe;
 pub mod ring;
+pub mod window;

@@ -14,9 +14,9 @@
 //! - receives are posted before the sends of the same step (a mismatch is detected through the
 //!   clear-to-send fingerprint instead of deadlocking), and chunk `c + 1` is posted before
 //!   chunk `c` is forwarded, so consecutive ranks work on consecutive chunks at once;
-//! - chunk `c` lands in slot `c % 2` (a half of `CclIn`); slot `(c + 1) % 2` is re-posted only
-//!   after chunk `c - 1`, which used it, was forwarded (`send_done`) and consumed
-//!   (`forwarded`): tasks of a stream run in order;
+//! - chunk `c` lands in slot `c` of a [`Window`] of chunk-sized slots in `CclIn`; slot `c + 1`
+//!   never overlaps slot `c`, and memory of chunk `c - 1` is re-posted only after that chunk
+//!   was forwarded (`send_done`) and consumed (`forwarded`): tasks of a stream run in order;
 //! - with a handshake (Send/Recv), the receiver acks each chunk right before posting it and the
 //!   sender waits for that ack before writing (HCCL's `TxAck`/`RxAck`).
 
@@ -24,6 +24,7 @@ use ampccl_runtime::Result;
 
 use crate::op::OpParam;
 use crate::resource::{AlgResourceResponse, BufKind, MAIN, Mem};
+use crate::steps::window::Window;
 
 /// Chunks a chain pipeline aims for (see [`Slots::pipelined`]). 16 rather than 8: a shorter
 /// fill and drain; 2-rank broadcast in place, 3 alternated runs each (`ampccl-perf -g 2 -o
@@ -37,10 +38,11 @@ pub const PIPELINE_DEPTH: usize = 16;
 /// 15.3 against 8.2–13.8. 64 KiB chunks were slower than both (1 MiB broadcast 105–110 µs).
 pub const MIN_PIPELINE_CHUNK: usize = 131072;
 
-/// The two alternating receive slots: halves of the CCL input buffer, whole elements each.
+/// The chunk bound of a pipeline: half of the CCL input buffer, whole elements, so that two
+/// chunks fit its [`Window`].
 #[derive(Clone, Copy, Debug)]
 pub struct Slots {
-    /// Bytes of one slot (the chunk size of a pipeline).
+    /// Most bytes of one chunk.
     pub bytes: usize,
 }
 
@@ -50,11 +52,6 @@ impl Slots {
         Slots {
             bytes: (ccl_in_size / 2 / elem).max(1) * elem,
         }
-    }
-
-    /// The slot of chunk `c`.
-    pub fn slot(&self, c: usize) -> Mem {
-        Mem::of(BufKind::CclIn).add((c % 2) * self.bytes)
     }
 
     /// The chunks of a `bytes`-byte message relayed along a chain: at least
@@ -200,6 +197,7 @@ pub fn relay(
     chunks: &Chunks,
     stage: &mut dyn Stage,
 ) -> Result<()> {
+    let window = Window::new(res, chunks.chunk);
     let post = |res: &mut AlgResourceResponse<'_>, stage: &dyn Stage, c: usize| -> Result<()> {
         let Some(from) = pipe.from else {
             return Ok(());
@@ -209,7 +207,7 @@ pub fn relay(
             res.tasks.tx_ack(MAIN, from)?;
         }
         res.tasks
-            .rx_async(MAIN, from, stage.at(off, pipe.slots.slot(c)), len)
+            .rx_async(MAIN, from, stage.at(off, window.slot(c)), len)
     };
     if !chunks.is_empty() {
         post(res, stage, 0)?;
@@ -221,7 +219,7 @@ pub fn relay(
         if let Some(from) = pipe.from {
             res.tasks.rx_wait_done(MAIN, from, len)?;
         }
-        let at = stage.at(off, pipe.slots.slot(c));
+        let at = stage.at(off, window.slot(c));
         let src = stage.arrived(res, off, len, at)?;
         if let Some(to) = pipe.to {
             if pipe.handshake {
@@ -340,7 +338,6 @@ mod tests {
         assert_eq!(c.to_root(), (Some(0), None));
         let s = Slots::new(1000, 8);
         assert_eq!(s.bytes, 496);
-        assert_eq!(s.slot(3), Mem::of(BufKind::CclIn).add(496));
         let v = |c: Chunks| c.iter().collect::<Vec<_>>();
         assert_eq!(v(s.chunks(0, true)), vec![(0, 0)]);
         assert!(s.chunks(0, false).is_empty());

@@ -1,5 +1,5 @@
 //! Ring steps: reduce-scatter and allgather over `world` blocks of a round, double-buffering the
-//! receive side through two halves of the CCL input buffer.
+//! receive side through the slots of the CCL input buffer ([`Window`]).
 //!
 //! Every step posts its receive before its send, so mismatched calls are detected (the CTS
 //! carries the fingerprint) instead of deadlocking.
@@ -7,49 +7,43 @@
 use ampccl_runtime::Result;
 
 use crate::op::OpParam;
-use crate::resource::{AlgResourceResponse, BufKind, MAIN, Mem};
+use crate::resource::{AlgResourceResponse, MAIN, Mem};
 use crate::steps::blocks::Blocks;
+use crate::steps::window::Window;
 
-/// Ring geometry and the alternating receive slots of one operation.
-pub struct Ring {
+/// Ring geometry and the receive slots of one operation.
+pub struct Ring<'a> {
     pub rank: usize,
     pub world: usize,
     pub next: usize,
     pub prev: usize,
-    /// Bytes of one receive slot (half the CCL input buffer, whole elements).
-    pub slot_bytes: usize,
+    /// Elements of a round's piece per block (what one receive slot holds).
+    pub piece_elems: usize,
+    window: Window<'a>,
     slot: usize,
 }
 
-impl Ring {
-    /// Ring for `p` with slots sized from `ccl_in_size`.
-    pub fn new(p: &OpParam, ccl_in_size: usize) -> Ring {
+impl<'a> Ring<'a> {
+    /// Ring for `p` whose pieces take at most `max_bytes` and half the CCL input buffer, whole
+    /// elements, at least one.
+    pub fn new(p: &OpParam, res: &AlgResourceResponse<'a>, max_bytes: usize) -> Ring<'a> {
         let e = p.elem();
+        let piece_elems = (res.ccl_in_size / 2 / e).min(max_bytes / e).max(1);
         Ring {
             rank: p.rank,
             world: p.world,
             next: (p.rank + 1) % p.world,
             prev: (p.rank + p.world - 1) % p.world,
-            slot_bytes: (ccl_in_size / 2 / e).max(1) * e,
+            piece_elems,
+            window: Window::new(res, piece_elems * e),
             slot: 0,
         }
     }
 
-    /// Elements per block that fit one slot.
-    pub fn slot_elems(&self, elem: usize) -> usize {
-        self.slot_bytes / elem
-    }
-
-    /// Elements of a round's piece: what fits one slot and at most `max_bytes`, at least one.
-    pub fn piece_elems(&self, elem: usize, max_bytes: usize) -> usize {
-        self.slot_elems(elem).min(max_bytes / elem).max(1)
-    }
-
-    /// The next receive slot (alternating halves of `CclIn`).
+    /// The next receive slot (see [`Window`]).
     pub fn next_slot(&mut self) -> Mem {
-        let m = Mem::of(BufKind::CclIn).add((self.slot % 2) * self.slot_bytes);
         self.slot += 1;
-        m
+        self.window.slot(self.slot - 1)
     }
 
     /// Block index `rank + delta` modulo the world size.
@@ -107,7 +101,7 @@ impl Round {
 pub fn reduce_scatter(
     p: &OpParam,
     res: &mut AlgResourceResponse<'_>,
-    ring: &mut Ring,
+    ring: &mut Ring<'_>,
     round: &Round,
     shift: isize,
     final_out: Option<Mem>,
@@ -151,7 +145,7 @@ pub fn reduce_scatter(
 pub fn all_gather(
     p: &OpParam,
     res: &mut AlgResourceResponse<'_>,
-    ring: &mut Ring,
+    ring: &mut Ring<'_>,
     round: &Round,
     shift: isize,
 ) -> Result<()> {

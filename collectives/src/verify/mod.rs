@@ -20,6 +20,8 @@
 //! - [`verify_entry`] / [`verify_registry`] / [`selected`]: by registry entry or by the
 //!   operator's choice (Send/Recv entries are paired with the registry's counterpart).
 
+use std::cell::Cell;
+
 use ampccl_runtime::Error;
 
 use crate::executor::{Executor, SelectCtx};
@@ -52,6 +54,9 @@ pub struct VerifyConfig {
     pub user_mem_links: bool,
     /// Outstanding receives per direction (the link FIFO depth).
     pub fifo_depth: usize,
+    /// Where the receive slots in `CclIn` start (earlier calls of a communicator move it, see
+    /// [`crate::steps::window`]).
+    pub window_cursor: usize,
 }
 
 impl Default for VerifyConfig {
@@ -60,6 +65,7 @@ impl Default for VerifyConfig {
             ccl_size: 16 << 10,
             user_mem_links: false,
             fifo_depth: 256,
+            window_cursor: 0,
         }
     }
 }
@@ -370,6 +376,7 @@ fn record(job: &RankJob<'_>, cfg: &VerifyConfig) -> Result<RankSim, VerifyError>
         linked,
         cfg.user_mem_links,
     );
+    let cursor = Cell::new(cfg.window_cursor);
     let result = job.exec.orchestrate(
         &p,
         &mut AlgResourceResponse {
@@ -379,6 +386,7 @@ fn record(job: &RankJob<'_>, cfg: &VerifyConfig) -> Result<RankSim, VerifyError>
             stream_num: req.stream_num,
             notify_num: req.notify_num,
             user_mem_links: cfg.user_mem_links,
+            ccl_in_cursor: &cursor,
             tasks: &mut rec,
         },
     );

@@ -185,7 +185,9 @@ impl ShmDevice {
             // lie in different buffers, so they do not overlap.
             match dir {
                 // The peer reads what we write at once: keep it in the cache.
-                cma::Direction::Write => unsafe { std::ptr::copy_nonoverlapping(src, dst, len) },
+                cma::Direction::Write => unsafe {
+                    ampccl_runtime::copy::copy_shared(dst, src, len)
+                },
                 // A read lands in its final place (see `RmaDevice::read`).
                 cma::Direction::Read => unsafe { ampccl_runtime::copy::copy_out(dst, src, len) },
             }

@@ -1,0 +1,97 @@
+//! Receive slots in the CCL input buffer (`CclIn`), the window peers write into.
+//!
+//! A pipeline that receives piece after piece needs two slots at a time: the piece being
+//! received and the one being consumed. Fixed slots (the two halves of the buffer) make every
+//! piece land on the same few lines, which the receiving core has just read and the sending
+//! core must take back for each write; on AMD Zen 4 a 2-thread producer/consumer copy through
+//! two fixed 128 KiB slots ran at 8.5 GB/s, through slots rotating over 1 MiB at 30–37 GB/s
+//! (session 10, docs/PERFORMANCE.md). So a [`Window`] cuts the buffer into as many slots of
+//! the pieces' size as fit and hands them out in turn, and the next call of the communicator
+//! goes on where this one stopped (the cursor), instead of starting again at the first slot.
+//!
+//! Consecutive slots never overlap (at least two fit), so the double-buffer discipline of the
+//! algorithms holds: slot `k + 2` may reuse slot `k`'s memory, never slot `k + 1`. Calls of a
+//! communicator run one after the other, so a call may start anywhere.
+
+use std::cell::Cell;
+
+use crate::resource::{AlgResourceResponse, BufKind, Mem};
+
+/// Slots are placed on cache-line boundaries where two of them still fit.
+const LINE: usize = 64;
+
+/// The slots of one call: `count` slots of `stride` bytes, the first at the cursor.
+#[derive(Clone, Copy, Debug)]
+pub struct Window<'a> {
+    stride: usize,
+    count: usize,
+    first: usize,
+    cursor: &'a Cell<usize>,
+}
+
+impl<'a> Window<'a> {
+    /// Slots of `slot_bytes` each, at most half of the buffer (callers size their pieces so).
+    pub fn new(res: &AlgResourceResponse<'a>, slot_bytes: usize) -> Window<'a> {
+        Window::over(res.ccl_in_size, res.ccl_in_cursor, slot_bytes)
+    }
+
+    /// Slots of `slot_bytes` in a `size`-byte buffer, starting at `cursor`.
+    fn over(size: usize, cursor: &'a Cell<usize>, slot_bytes: usize) -> Window<'a> {
+        debug_assert!(
+            slot_bytes <= size / 2,
+            "slot {slot_bytes} of a {size}-byte window"
+        );
+        let lined = slot_bytes.div_ceil(LINE) * LINE;
+        let stride = if 2 * lined <= size { lined } else { slot_bytes }.max(1);
+        let count = (size / stride).max(1);
+        Window {
+            stride,
+            count,
+            first: cursor.get().div_ceil(stride) % count,
+            cursor,
+        }
+    }
+
+    /// Slot `k` of this call; the next call starts after it.
+    pub fn slot(&self, k: usize) -> Mem {
+        let i = (self.first + k) % self.count;
+        self.cursor.set((i + 1) * self.stride);
+        Mem::of(BufKind::CclIn).add(i * self.stride)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Slots rotate over the whole buffer, consecutive ones never overlap, and a later call
+    /// starts where the earlier one stopped, whatever the slot sizes.
+    #[test]
+    fn slots_rotate_and_never_overlap_their_neighbour() {
+        let cursor = Cell::new(0);
+        let w = Window::over(1000, &cursor, 100);
+        let offs: Vec<usize> = (0..12).map(|k| w.slot(k).off).collect();
+        assert_eq!(
+            offs,
+            [0, 128, 256, 384, 512, 640, 768, 0, 128, 256, 384, 512]
+        );
+        assert_eq!(cursor.get(), 640);
+        // A call of other sizes goes on from the cursor.
+        let w = Window::over(1000, &cursor, 300);
+        assert_eq!((w.slot(0).off, w.slot(1).off, w.slot(2).off), (640, 0, 320));
+        for start in 0..1000 {
+            for bytes in [1, 63, 64, 333, 499, 500] {
+                cursor.set(start);
+                let w = Window::over(1000, &cursor, bytes);
+                for k in 0..8 {
+                    let (a, b) = (w.slot(k).off, w.slot(k + 1).off);
+                    assert!(
+                        a + bytes <= 1000 && b + bytes <= 1000,
+                        "inside, {start}/{bytes}"
+                    );
+                    assert!(a + bytes <= b || b + bytes <= a, "{start}/{bytes}: {a} {b}");
+                }
+            }
+        }
+    }
+}
