@@ -96,6 +96,6 @@ mod tests {
             m.insert(("BroadcastChain", t), t * 3);
         }
         assert!((0..1000u64).all(|t| m[&("BroadcastChain", t)] == t * 3));
-        assert_eq!(m.get(&("BroadcastPair", 1)), None);
+        assert_eq!(m.get(&("ReduceChain", 1)), None);
     }
 }

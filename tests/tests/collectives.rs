@@ -317,23 +317,6 @@ world_tests!("all_to_all": all_to_all_w1 = 1, all_to_all_w2 = 2, all_to_all_w3 =
 world_tests!("sendrecv": sendrecv_w1 = 1, sendrecv_w2 = 2, sendrecv_w3 = 3, sendrecv_w4 = 4);
 world_tests!("barrier": barrier_w1 = 1, barrier_w2 = 2, barrier_w3 = 3, barrier_w4 = 4);
 
-/// 2-rank broadcasts of 32 KiB and more take `BroadcastPair` when cross-memory attach works;
-/// these keep the 2-rank chain covered: forced, and chosen because the links cannot reach user
-/// memory.
-#[test]
-fn broadcast_w2_chain() {
-    launch(
-        2,
-        "broadcast",
-        &[("AMPCCL_ALGO_BROADCAST", "BroadcastChain")],
-    );
-}
-
-#[test]
-fn broadcast_w2_without_cma() {
-    launch(2, "broadcast", &[("AMPCCL_SHM_CMA", "0")]);
-}
-
 /// The operator picks `AllReducePair` only from 8 MiB on 2 ranks; forced, every case runs it
 /// (the big count takes two rounds): in place straight from the output, and, without
 /// cross-memory attach, through `CclOut`.

@@ -61,7 +61,7 @@ impl Executor for AllGatherPair {
         }
         let (me, peer) = (p.rank, p.pair_peer("AllGatherPair")?);
         let (input, output) = (Mem::of(BufKind::UserIn), Mem::of(BufKind::UserOut));
-        let mut r = Ring::new(p, res, PIECE);
+        let mut r = Ring::new(p, res, PIECE.min(bytes));
         let piece = r.piece_elems;
         for (start, len) in rounds(p.count, piece) {
             let (off, n) = (start * e, len * e);

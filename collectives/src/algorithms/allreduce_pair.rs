@@ -55,7 +55,7 @@ impl Executor for AllReducePair {
         }
         let peer = p.pair_peer("AllReducePair")?;
         // Each round reduces one slot (and at most one `CclOut`) per rank.
-        let mut r = Ring::new(p, res, res.ccl_out_size);
+        let mut r = Ring::new(p, res, res.ccl_out_size.min(p.count.div_ceil(2) * e));
         let piece = r.piece_elems;
         let (input, output) = (Mem::of(BufKind::UserIn), Mem::of(BufKind::UserOut));
         // In place (links reaching user memory) the result is reduced into the output and

@@ -29,7 +29,7 @@ impl Executor for AllReduceRing {
             }
             return Ok(());
         }
-        let mut r = Ring::new(p, res, usize::MAX);
+        let mut r = Ring::new(p, res, p.count.div_ceil(p.world) * e);
         let per_round = r.piece_elems * p.world;
         for (start, len) in rounds(p.count, per_round) {
             let round = Round {

@@ -1,22 +1,24 @@
 //! `BroadcastChain`: pipelined chain `root → root+1 → … → root+P-1` (mod P).
 //!
-//! The message goes in chunks of half the CCL input buffer. The root sends each chunk of its
-//! input to the next rank (and copies it to its output unless in place); every other rank
-//! receives chunk `c` into slot `c % 2` of `CclIn`, forwards it from there to the next rank
-//! (the last rank does not) and copies it to its output.
+//! The message goes in chunks (at most half the CCL input buffer). The root sends each chunk
+//! of its input to the next rank (and copies it to its output unless in place); every other
+//! rank receives chunk `c` into the next slot of its `CclIn` window, forwards it from there to
+//! the next rank (the last rank does not) and copies it to its output. Chunk `c + 1`'s receive
+//! is posted before chunk `c` is forwarded, so after a fill of `P - 1` chunks every link
+//! carries a chunk at once: time ≈ `(chunks + P - 2) · chunk / bandwidth`. The relay loop and
+//! its slot discipline are [`crate::steps::pipe::relay`]. Links: the ring neighbours (the same
+//! for every root, so the cached resources fit all roots).
 //!
-//! Messages above [`DIRECT_MAX_BYTES`] go through `CclIn` even when links could write user
-//! memory (cross-memory attach): the sender copies chunk `c + 1` while the receiver copies
-//! chunk `c` out, both cores busy, whereas a direct write leaves the receiver idle and
-//! `process_vm_writev` pins pages as it goes. Measured on 2 ranks (`ampccl-perf -o broadcast
-//! -g 2`, direct vs through `CclIn`): 64 KiB 6.9 vs 11.7 us, 128 KiB 11.0 vs 22.9 us, 1 MiB
-//! 217 vs 132 us, 8 MiB 1418 vs 1250 us, 64 MiB 19.7 vs 13.2 ms (chunked). (On 2 ranks with
-//! such links the operator picks [`super::broadcast_pair`] from 32 KiB.) Chunk `c + 1`'s
-//! receive is posted before chunk `c` is forwarded, so after a fill of `P - 1` chunks every
-//! link carries a chunk at once: time ≈
-//! `(chunks + P - 2) · chunk / bandwidth`. The relay loop and its double-buffer discipline are
-//! [`crate::steps::pipe::relay`]. Links: the ring neighbours (the same for every root, so the
-//! cached resources fit all roots).
+//! Every chunk goes through the window, also where links could write user memory
+//! (cross-memory attach): a direct write leaves the receiver idle while the sender copies and
+//! `process_vm_writev` pins pages as it goes, whereas through the window the sender copies
+//! chunk `c + 1` while the receiver copies chunk `c` out. Measured with session 10's window
+//! copy (`AMPCCL_SHM_CMA=1` vs `0`, `ampccl-perf -g P -o broadcast -b 1K -e 1M -f 4 -n 40
+//! -w 10`, 3 alternated runs, µs in place, direct vs window): 3 ranks 4 KiB 9.1 vs 5.1, 64 KiB
+//! 23.8 vs 8.2, 256 KiB 62.2 vs 24.4; 4 ranks 4 KiB 14.6 vs 7.6, 256 KiB 89.3 vs 31.5. On 2
+//! ranks the chain also beats both ranks copying at once through cross-memory attach (session
+//! 9's `BroadcastPair`, removed) at every size from 32 KiB to 8 MiB: 32 KiB 2.9 vs 4.7 µs,
+//! 1 MiB 35 vs 43, 4 MiB 133 vs 161 (in place, 5 alternated runs).
 
 use ampccl_runtime::Result;
 
@@ -25,8 +27,6 @@ use crate::op::OpParam;
 use crate::resource::{AlgResourceRequest, AlgResourceResponse};
 use crate::steps::pipe::{self, Chain, Deliver};
 
-/// Largest message received straight into user memory when links allow it.
-pub const DIRECT_MAX_BYTES: usize = 256 * 1024;
 pub struct BroadcastChain;
 
 impl Executor for BroadcastChain {
@@ -36,11 +36,10 @@ impl Executor for BroadcastChain {
 
     fn orchestrate(&self, p: &OpParam, res: &mut AlgResourceResponse<'_>) -> Result<()> {
         let (from, to) = Chain::new(p).from_root();
-        let bytes = p.count * p.elem();
         let mut stage = Deliver {
             head: from.is_none(),
             keep: true,
-            direct: res.user_mem_links && bytes <= DIRECT_MAX_BYTES,
+            direct: false,
         };
         pipe::run_chain(p, res, (from, to), &mut stage)
     }

@@ -42,7 +42,7 @@ impl Executor for ReduceScatterRing {
             // Avg over one rank is the value itself.
             return copy_own(res, p.in_place, 0, 0, n * e);
         }
-        let mut r = Ring::new(p, res, PIECE);
+        let mut r = Ring::new(p, res, PIECE.min(n * e));
         for (start, len) in rounds(n, r.piece_elems) {
             let out = Mem::of(BufKind::UserOut).add(start * e);
             let round = Round {

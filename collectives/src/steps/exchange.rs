@@ -1,40 +1,53 @@
 //! Chunked point-to-point exchange: send a block to one peer while receiving a block of the
 //! same size from another (or the same) peer, on one stream.
 //!
-//! The received data either lands straight in its destination (when links can write user
-//! memory, `AlgResourceResponse::user_mem_links`) or goes through a bounce slot of a CCL buffer
-//! and is copied out; then the transfer is cut into chunks of the slot's size. Each chunk posts
-//! its receive before its send (mismatches are detected instead of deadlocking), and the slot
-//! is re-posted only after the copy that consumed it (same stream, so stream order guarantees
-//! it). Used by the mesh allgather (one stream per peer, a slot each) and the pairwise
-//! all-to-all.
+//! The received data either lands straight in its destination (where links can write user
+//! memory, `AlgResourceResponse::user_mem_links`, and the algorithm chooses to) or goes
+//! through the slots of a [`Window`] of the CCL input buffer and is copied out; then the
+//! transfer is cut into chunks of the slot's size. Each chunk posts its receive before its send (mismatches are detected instead of
+//! deadlocking), and is copied out before the next chunk's receive is posted (same stream, so
+//! stream order guarantees it). Used by the mesh allgather (one stream per peer, a part of the
+//! buffer each) and the pairwise all-to-all.
 
-use ampccl_runtime::Result;
+use ampccl_runtime::{Error, Result};
 
+use crate::op::OpParam;
 use crate::resource::{AlgResourceResponse, BufKind, MAIN, Mem, StreamId};
 use crate::steps::blocks::rounds;
+use crate::steps::window::Window;
 
 /// Where received data goes on its way to its destination.
 #[derive(Clone, Copy, Debug)]
-pub enum Landing {
+pub enum Landing<'a> {
     /// Straight into the destination (the link writes user memory).
     Direct,
-    /// Through `bytes` (a whole number of elements, non-zero) of a CCL buffer at `slot`.
-    Bounce { slot: Mem, bytes: usize },
+    /// Through the slots of `window`, `bytes` (whole elements, non-zero) at a time.
+    Bounce { window: Window<'a>, bytes: usize },
 }
 
-impl Landing {
-    /// `Direct` when `res` links receive into user memory, otherwise a bounce slot of
-    /// `slot_bytes` at `slot`.
-    pub fn for_links(res: &AlgResourceResponse<'_>, slot: Mem, slot_bytes: usize) -> Landing {
-        if res.user_mem_links {
-            Landing::Direct
-        } else {
-            Landing::Bounce {
-                slot,
-                bytes: slot_bytes,
-            }
+impl<'a> Landing<'a> {
+    /// Through part `part` of `parts` of the CCL input buffer, in slots of `bytes` or the most
+    /// the part holds. An error when not even one element of `p`'s type fits.
+    pub fn window(
+        p: &OpParam,
+        res: &AlgResourceResponse<'a>,
+        part: usize,
+        parts: usize,
+        bytes: usize,
+    ) -> Result<Landing<'a>> {
+        let bytes = bytes.min(Window::max_slot(res, parts, p.elem()));
+        if bytes == 0 {
+            return Err(Error::InvalidArgument(format!(
+                "{}: a CCL buffer of {} bytes has no room for two {} in each of {parts} parts",
+                p.kind.name(),
+                res.ccl_in_size,
+                p.dtype.name()
+            )));
         }
+        Ok(Landing::Bounce {
+            window: Window::part(res, part, parts, bytes),
+            bytes,
+        })
     }
 }
 
@@ -50,22 +63,22 @@ pub fn exchange(
     from: usize,
     dst: Mem,
     bytes: usize,
-    landing: Landing,
+    landing: Landing<'_>,
 ) -> Result<()> {
     let chunk = match landing {
         Landing::Direct => bytes,
         Landing::Bounce { bytes: b, .. } => b,
     };
-    for (off, len) in rounds(bytes, chunk) {
+    for (k, (off, len)) in rounds(bytes, chunk).enumerate() {
         let target = match landing {
             Landing::Direct => dst.add(off),
-            Landing::Bounce { slot, .. } => slot,
+            Landing::Bounce { window, .. } => window.slot(k),
         };
         res.tasks.rx_async(s, from, target, len)?;
         res.tasks.tx_async(s, to, src.add(off), len)?;
         res.tasks.rx_wait_done(s, from, len)?;
-        if let Landing::Bounce { slot, .. } = landing {
-            res.tasks.copy(s, dst.add(off), slot, len)?;
+        if matches!(landing, Landing::Bounce { .. }) {
+            res.tasks.copy(s, dst.add(off), target, len)?;
         }
         res.tasks.tx_wait_done(s, to)?;
     }

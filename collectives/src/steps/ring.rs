@@ -25,7 +25,10 @@ pub struct Ring<'a> {
 
 impl<'a> Ring<'a> {
     /// Ring for `p` whose pieces take at most `max_bytes` and half the CCL input buffer, whole
-    /// elements, at least one.
+    /// elements, at least one. Callers pass no more than the largest block a step of the call
+    /// moves: the window's slots are a piece long, and slots larger than the data would land
+    /// every call on the same lines (a 128 KiB block in 2 MiB slots alternates between the
+    /// buffer's two halves; see [`Window`]).
     pub fn new(p: &OpParam, res: &AlgResourceResponse<'a>, max_bytes: usize) -> Ring<'a> {
         let e = p.elem();
         let piece_elems = (res.ccl_in_size / 2 / e).min(max_bytes / e).max(1);
@@ -157,17 +160,11 @@ pub fn all_gather(
         let (dst, recv_len) = round.output(recv_j, e);
         let (src, send_len) = round.output(send_j, e);
         let bytes = recv_len * e;
-        if res.user_mem_links {
-            res.tasks.rx_async(MAIN, ring.prev, dst, bytes)?;
-            res.tasks.tx_async(MAIN, ring.next, src, send_len * e)?;
-            res.tasks.rx_wait_done(MAIN, ring.prev, bytes)?;
-        } else {
-            let slot = ring.next_slot();
-            res.tasks.rx_async(MAIN, ring.prev, slot, bytes)?;
-            res.tasks.tx_async(MAIN, ring.next, src, send_len * e)?;
-            res.tasks.rx_wait_done(MAIN, ring.prev, bytes)?;
-            res.tasks.copy(MAIN, dst, slot, bytes)?;
-        }
+        let slot = ring.next_slot();
+        res.tasks.rx_async(MAIN, ring.prev, slot, bytes)?;
+        res.tasks.tx_async(MAIN, ring.next, src, send_len * e)?;
+        res.tasks.rx_wait_done(MAIN, ring.prev, bytes)?;
+        res.tasks.copy(MAIN, dst, slot, bytes)?;
         res.tasks.tx_wait_done(MAIN, ring.next)?;
     }
     Ok(())

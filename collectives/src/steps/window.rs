@@ -11,7 +11,9 @@
 //!
 //! Consecutive slots never overlap (at least two fit), so the double-buffer discipline of the
 //! algorithms holds: slot `k + 2` may reuse slot `k`'s memory, never slot `k + 1`. Calls of a
-//! communicator run one after the other, so a call may start anywhere.
+//! communicator run one after the other, so a call may start anywhere. Streams of one call
+//! that receive concurrently take disjoint parts of the buffer ([`Window::part`]), each
+//! rotating the same way.
 
 use std::cell::Cell;
 
@@ -20,9 +22,11 @@ use crate::resource::{AlgResourceResponse, BufKind, Mem};
 /// Slots are placed on cache-line boundaries where two of them still fit.
 const LINE: usize = 64;
 
-/// The slots of one call: `count` slots of `stride` bytes, the first at the cursor.
+/// The slots of one call: `count` slots of `stride` bytes from byte `base` of `CclIn`, the
+/// first at the cursor (a position relative to `base`).
 #[derive(Clone, Copy, Debug)]
 pub struct Window<'a> {
+    base: usize,
     stride: usize,
     count: usize,
     first: usize,
@@ -32,11 +36,29 @@ pub struct Window<'a> {
 impl<'a> Window<'a> {
     /// Slots of `slot_bytes` each, at most half of the buffer (callers size their pieces so).
     pub fn new(res: &AlgResourceResponse<'a>, slot_bytes: usize) -> Window<'a> {
-        Window::over(res.ccl_in_size, res.ccl_in_cursor, slot_bytes)
+        Window::part(res, 0, 1, slot_bytes)
     }
 
-    /// Slots of `slot_bytes` in a `size`-byte buffer, starting at `cursor`.
-    fn over(size: usize, cursor: &'a Cell<usize>, slot_bytes: usize) -> Window<'a> {
+    /// Slots of `slot_bytes` each in part `i` of `parts` equal, disjoint parts of the buffer
+    /// (one per stream receiving at the same time); at most [`Window::max_slot`].
+    pub fn part(
+        res: &AlgResourceResponse<'a>,
+        i: usize,
+        parts: usize,
+        slot_bytes: usize,
+    ) -> Window<'a> {
+        let size = part_size(res.ccl_in_size, parts);
+        Window::over(i * size, size, res.ccl_in_cursor, slot_bytes)
+    }
+
+    /// The largest slot, in whole `elem`-byte elements, of a part of `parts` (0: not even one
+    /// element fits twice).
+    pub fn max_slot(res: &AlgResourceResponse<'_>, parts: usize, elem: usize) -> usize {
+        part_size(res.ccl_in_size, parts) / 2 / elem * elem
+    }
+
+    /// Slots of `slot_bytes` in the `size` bytes from `base`, starting at `cursor`.
+    fn over(base: usize, size: usize, cursor: &'a Cell<usize>, slot_bytes: usize) -> Window<'a> {
         debug_assert!(
             slot_bytes <= size / 2,
             "slot {slot_bytes} of a {size}-byte window"
@@ -45,6 +67,7 @@ impl<'a> Window<'a> {
         let stride = if 2 * lined <= size { lined } else { slot_bytes }.max(1);
         let count = (size / stride).max(1);
         Window {
+            base,
             stride,
             count,
             first: cursor.get().div_ceil(stride) % count,
@@ -56,7 +79,17 @@ impl<'a> Window<'a> {
     pub fn slot(&self, k: usize) -> Mem {
         let i = (self.first + k) % self.count;
         self.cursor.set((i + 1) * self.stride);
-        Mem::of(BufKind::CclIn).add(i * self.stride)
+        Mem::of(BufKind::CclIn).add(self.base + i * self.stride)
+    }
+}
+
+/// Bytes of each of `parts` parts of a `size`-byte buffer, whole cache lines where one fits.
+fn part_size(size: usize, parts: usize) -> usize {
+    let part = size / parts;
+    if part >= LINE {
+        part / LINE * LINE
+    } else {
+        part
     }
 }
 
@@ -69,7 +102,7 @@ mod tests {
     #[test]
     fn slots_rotate_and_never_overlap_their_neighbour() {
         let cursor = Cell::new(0);
-        let w = Window::over(1000, &cursor, 100);
+        let w = Window::over(0, 1000, &cursor, 100);
         let offs: Vec<usize> = (0..12).map(|k| w.slot(k).off).collect();
         assert_eq!(
             offs,
@@ -77,12 +110,12 @@ mod tests {
         );
         assert_eq!(cursor.get(), 640);
         // A call of other sizes goes on from the cursor.
-        let w = Window::over(1000, &cursor, 300);
+        let w = Window::over(0, 1000, &cursor, 300);
         assert_eq!((w.slot(0).off, w.slot(1).off, w.slot(2).off), (640, 0, 320));
         for start in 0..1000 {
             for bytes in [1, 63, 64, 333, 499, 500] {
                 cursor.set(start);
-                let w = Window::over(1000, &cursor, bytes);
+                let w = Window::over(0, 1000, &cursor, bytes);
                 for k in 0..8 {
                     let (a, b) = (w.slot(k).off, w.slot(k + 1).off);
                     assert!(
@@ -90,6 +123,28 @@ mod tests {
                         "inside, {start}/{bytes}"
                     );
                     assert!(a + bytes <= b || b + bytes <= a, "{start}/{bytes}: {a} {b}");
+                }
+            }
+        }
+    }
+
+    /// Concurrent streams' parts are disjoint: every slot of part `i` lies inside it.
+    #[test]
+    fn parts_keep_their_slots_inside() {
+        let cursor = Cell::new(0);
+        let (size, parts) = (2000, 2);
+        let part = part_size(size, parts);
+        assert_eq!(part, 960);
+        for start in [0, 500, 1999] {
+            cursor.set(start);
+            for i in 0..parts {
+                let w = Window::over(i * part, part, &cursor, 300);
+                for k in 0..6 {
+                    let off = w.slot(k).off;
+                    assert!(
+                        off >= i * part && off + 300 <= (i + 1) * part,
+                        "{i}/{k}: {off}"
+                    );
                 }
             }
         }

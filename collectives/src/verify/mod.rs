@@ -136,7 +136,7 @@ impl VerifyError {
             if msg.contains("CclIn") || msg.contains("CclOut"))
     }
 
-    /// The executor refused the configuration as outside its domain (e.g. `BroadcastPair` on
+    /// The executor refused the configuration as outside its domain (e.g. `AllReducePair` on
     /// more than 2 ranks): a clear error for a forced algorithm, never a selected one.
     pub fn not_applicable(&self) -> bool {
         matches!(
