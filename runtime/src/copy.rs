@@ -7,13 +7,16 @@
 //! leave the cache alone, which is right for large copies into a final destination (the
 //! destination of a multi-megabyte copy does not fit in the cache anyway) and wrong for data
 //! another core reads at once, so only stream tasks' copies and reads out of a peer's window
-//! (which land in their final place) use them, not the transports' writes into a peer's
-//! window. [`copy_out`] streams from a smaller size, for callers that know the destination is
+//! (which land in their final place) use them; the transports' writes into a peer's window
+//! ([`SharedCopy`]) use them only while they measure faster there. [`copy_out`] streams from a smaller size, for callers that know the destination is
 //! an operation's output that nothing reads again soon.
 //!
 //! Streaming stores are weakly ordered: [`copy`] ends with `sfence`, so a release store after
 //! it (a completion flag another process polls) is ordered after the copied data, as it is after
 //! a plain `memcpy`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 /// Copies at least this long use streaming stores (where the CPU has AVX2). Measured on the
 /// dev machine (`cargo bench -p ampccl-runtime --bench copy`): at 1 MiB (cache-resident) the
@@ -51,14 +54,128 @@ pub unsafe fn copy_out(dst: *mut u8, src: *const u8, len: usize) {
     unsafe { copy_streaming_from(dst, src, len, STREAM_OUT_MIN) }
 }
 
-/// Copies `len` bytes into memory another core reads at once (a peer's window): plain stores
-/// at every size, so the data stays in the cache.
+/// Copies into memory another core reads at once (a peer's window), with plain stores, which
+/// keep the data in the cache for the reader, or streaming stores, whichever measures faster.
 ///
-/// # Safety
-/// As [`copy`].
-pub unsafe fn copy_shared(dst: *mut u8, src: *const u8, len: usize) {
-    // SAFETY: forwarded.
-    unsafe { copy_streaming_from(dst, src, len, usize::MAX) }
+/// Plain stores are the right choice while the two cores hand lines to each other quickly,
+/// and they usually do: a 2-process producer/consumer test (a 512 KiB copy into slots
+/// rotating over 4 MiB, the consumer copying out) takes 12.7 µs per copy with plain stores
+/// and 33 µs with streaming ones. But this shared host now and then places the VM's two
+/// vCPUs so that a store to a line the other core has read costs many times more, for tens
+/// of seconds at a time; then the same test takes 160–210 µs with plain stores and 24 µs
+/// with streaming ones, which go to memory without taking the line from the other core
+/// (session 10, docs/PERFORMANCE.md). So copies of at least [`SharedCopy::MIN_BYTES`] are
+/// timed and each kind's cost per byte is kept per size class (a power of two); the cheaper
+/// kind serves, and every [`SharedCopy::EXPLORE_PERIOD`] a copy of the class tries the other
+/// kind. A cost takes a lower sample at once and moves a quarter of the way towards a higher
+/// one (at most four times the cost: a copy interrupted by the scheduler is an outlier, not
+/// the store's price), so a kind that turned slow loses within a few copies and one that
+/// turned fast wins at its next try. Shorter copies use plain stores (the timer would cost
+/// more than the choice gains).
+#[derive(Debug)]
+pub struct SharedCopy {
+    /// Time base of the exploration clock.
+    epoch: Instant,
+    classes: [SizeClass; SharedCopy::CLASSES],
+}
+
+/// What [`SharedCopy`] knows about the copies of one size class. Statistics only: relaxed
+/// atomics, no ordering relied on.
+#[derive(Debug, Default)]
+struct SizeClass {
+    /// Cost of each kind, picoseconds per byte, `[plain, streaming]`; 0 while not measured.
+    cost: [AtomicU64; 2],
+    /// When a copy of the class last tried the other kind (ns since `epoch`).
+    explored: AtomicU64,
+}
+
+/// The kinds of [`SharedCopy`], indices of the costs.
+const PLAIN: usize = 0;
+const STREAMING: usize = 1;
+
+impl Default for SharedCopy {
+    fn default() -> SharedCopy {
+        SharedCopy {
+            epoch: Instant::now(),
+            classes: Default::default(),
+        }
+    }
+}
+
+impl SharedCopy {
+    /// Copies from this size are timed and may use streaming stores.
+    pub const MIN_BYTES: usize = 64 << 10;
+    /// How often a size class tries the kind that is not its choice.
+    pub const EXPLORE_PERIOD: Duration = Duration::from_millis(10);
+    /// Size classes: `[64 KiB, 128 KiB)`, …, the last one from 8 MiB up.
+    const CLASSES: usize = 8;
+
+    /// Copies `len` bytes from `src` to `dst` (see the type's documentation).
+    ///
+    /// # Safety
+    /// As [`copy`].
+    pub unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) {
+        if len < Self::MIN_BYTES {
+            // SAFETY: forwarded.
+            unsafe { copy_streaming_from(dst, src, len, usize::MAX) };
+            return;
+        }
+        let class = &self.classes[Self::class_of(len)];
+        let t0 = Instant::now();
+        let kind = class.pick(self.nanos(t0));
+        let stream_from = if kind == STREAMING { 0 } else { usize::MAX };
+        // SAFETY: forwarded.
+        unsafe { copy_streaming_from(dst, src, len, stream_from) };
+        class.record(kind, len, t0.elapsed());
+    }
+
+    /// The size class of a copy of `len >= MIN_BYTES` bytes.
+    fn class_of(len: usize) -> usize {
+        ((len / Self::MIN_BYTES).ilog2() as usize).min(Self::CLASSES - 1)
+    }
+
+    /// `t` in nanoseconds since the epoch.
+    fn nanos(&self, t: Instant) -> u64 {
+        t.duration_since(self.epoch).as_nanos() as u64
+    }
+}
+
+impl SizeClass {
+    /// The kind a copy starting at `now` (ns since the epoch) uses: the cheaper one, except
+    /// that a kind not measured yet, or not tried for a period, gets this copy.
+    fn pick(&self, now: u64) -> usize {
+        let [plain, streaming] = [PLAIN, STREAMING].map(|k| self.cost[k].load(Ordering::Relaxed));
+        if plain == 0 {
+            return PLAIN;
+        }
+        let best = if streaming != 0 && streaming < plain {
+            STREAMING
+        } else {
+            PLAIN
+        };
+        let last = self.explored.load(Ordering::Relaxed);
+        let due = streaming == 0
+            || now.saturating_sub(last) >= SharedCopy::EXPLORE_PERIOD.as_nanos() as u64;
+        if due {
+            self.explored.store(now, Ordering::Relaxed);
+            1 - best
+        } else {
+            best
+        }
+    }
+
+    /// Folds a copy of `len` bytes of `kind` that took `took` into the kind's cost.
+    fn record(&self, kind: usize, len: usize, took: Duration) {
+        let sample =
+            (took.as_nanos().saturating_mul(1000) / len as u128).clamp(1, u64::MAX as u128) as u64;
+        let old = self.cost[kind].load(Ordering::Relaxed);
+        let new = if old == 0 || sample <= old {
+            sample
+        } else {
+            old + (sample.min(old.saturating_mul(4)) - old) / 4
+        };
+        self.cost[kind].store(new, Ordering::Relaxed);
+    }
 }
 
 /// A copy with streaming stores from `min` bytes and the vector loop from [`VECTOR_MIN`]
@@ -154,10 +271,10 @@ unsafe fn vector_avx2<const STREAM: bool>(dst: *mut u8, src: *const u8, len: usi
 mod tests {
     use super::*;
 
-    /// Every offset of source and destination within a cache line, lengths around the
-    /// threshold and around vector boundaries: the copy is exact and writes nothing outside.
-    #[test]
-    fn copies_exactly_at_any_alignment() {
+    /// Runs `f` (a copy) at every offset of source and destination within a cache line and at
+    /// lengths around the thresholds and vector boundaries: the copy must be exact and write
+    /// nothing outside.
+    fn check_exact(name: &str, f: &dyn Fn(*mut u8, *const u8, usize)) {
         let max = STREAM_MIN + 300;
         let src: Vec<u8> = (0..max + 64).map(|i| (i * 7 + 3) as u8).collect();
         for len in [
@@ -167,6 +284,11 @@ mod tests {
             32,
             127,
             129,
+            VECTOR_MIN - 1,
+            VECTOR_MIN,
+            VECTOR_MIN + 33,
+            SharedCopy::MIN_BYTES + 65,
+            STREAM_OUT_MIN + 1,
             STREAM_MIN - 1,
             STREAM_MIN,
             STREAM_MIN + 33,
@@ -174,19 +296,88 @@ mod tests {
         ] {
             for (so, dof) in [(0, 0), (1, 0), (0, 5), (17, 31), (63, 1)] {
                 let mut dst = vec![0xEEu8; max + 128];
-                // SAFETY: both ranges lie inside their vectors and are disjoint.
-                unsafe { copy(dst.as_mut_ptr().add(dof), src.as_ptr().add(so), len) };
+                f(dst[dof..].as_mut_ptr(), src[so..].as_ptr(), len);
                 assert_eq!(
                     &dst[dof..dof + len],
                     &src[so..so + len],
-                    "len {len} at {so}/{dof}"
+                    "{name}: len {len} at {so}/{dof}"
                 );
-                assert!(dst[..dof].iter().all(|&b| b == 0xEE), "before, len {len}");
+                assert!(
+                    dst[..dof].iter().all(|&b| b == 0xEE),
+                    "{name}: before, {len}"
+                );
                 assert!(
                     dst[dof + len..].iter().all(|&b| b == 0xEE),
-                    "after, len {len}"
+                    "{name}: after, {len}"
                 );
             }
         }
+    }
+
+    #[test]
+    fn every_copy_is_exact_at_any_alignment() {
+        // SAFETY (all closures): `check_exact` passes ranges inside two disjoint vectors.
+        check_exact("copy", &|d, s, n| unsafe { copy(d, s, n) });
+        check_exact("copy_out", &|d, s, n| unsafe { copy_out(d, s, n) });
+        for kind in [PLAIN, STREAMING] {
+            // Make `kind` the cheaper one; exploring copies take the other: both run.
+            let shared = SharedCopy::default();
+            for class in &shared.classes {
+                class.cost[kind].store(1, Ordering::Relaxed);
+                class.cost[1 - kind].store(1000, Ordering::Relaxed);
+            }
+            check_exact("SharedCopy", &|d, s, n| unsafe { shared.copy(d, s, n) });
+        }
+    }
+
+    /// Plain stores first, streaming ones on the next copy, then the cheaper kind, the other
+    /// one once per exploration period.
+    #[test]
+    fn a_size_class_takes_the_cheaper_kind_and_keeps_trying_the_other() {
+        let c = SizeClass::default();
+        let period = SharedCopy::EXPLORE_PERIOD.as_nanos() as u64;
+        assert_eq!(c.pick(0), PLAIN);
+        c.record(PLAIN, 1 << 20, Duration::from_micros(30));
+        assert_eq!(c.pick(1), STREAMING);
+        c.record(STREAMING, 1 << 20, Duration::from_micros(90));
+        assert_eq!((c.pick(2), c.pick(period / 2)), (PLAIN, PLAIN));
+        assert_eq!((c.pick(period + 1), c.pick(period + 2)), (STREAMING, PLAIN));
+        // The plain stores turn slow (the host moved the cores apart): three slow copies make
+        // streaming the choice ...
+        for t in 3..5 {
+            c.record(PLAIN, 1 << 20, Duration::from_micros(400));
+            assert_eq!(c.pick(period + t), PLAIN);
+        }
+        c.record(PLAIN, 1 << 20, Duration::from_micros(400));
+        assert_eq!(c.pick(period + 5), STREAMING);
+        // ... and one fast plain copy at the next try makes plain the choice again.
+        assert_eq!(c.pick(3 * period), PLAIN);
+        c.record(PLAIN, 1 << 20, Duration::from_micros(31));
+        assert_eq!(c.pick(3 * period + 1), PLAIN);
+    }
+
+    /// Costs are picoseconds per byte; a lower sample replaces the cost, a higher one moves it
+    /// a quarter of the way, counting at most four times the cost.
+    #[test]
+    fn costs_fall_at_once_and_rise_slowly() {
+        let c = SizeClass::default();
+        c.record(PLAIN, 1000, Duration::from_nanos(100));
+        assert_eq!(c.cost[PLAIN].load(Ordering::Relaxed), 100);
+        c.record(PLAIN, 1000, Duration::from_nanos(300));
+        assert_eq!(c.cost[PLAIN].load(Ordering::Relaxed), 150);
+        c.record(PLAIN, 1000, Duration::from_millis(5));
+        assert_eq!(c.cost[PLAIN].load(Ordering::Relaxed), 150 + 450 / 4);
+        c.record(PLAIN, 1000, Duration::from_nanos(50));
+        assert_eq!(c.cost[PLAIN].load(Ordering::Relaxed), 50);
+        assert_eq!(c.cost[STREAMING].load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    fn size_classes_are_powers_of_two_from_the_minimum() {
+        let m = SharedCopy::MIN_BYTES;
+        let classes: Vec<usize> = [m, 2 * m - 1, 2 * m, 4 * m, 100 * m, usize::MAX]
+            .map(SharedCopy::class_of)
+            .into();
+        assert_eq!(classes, [0, 0, 1, 2, 6, 7]);
     }
 }

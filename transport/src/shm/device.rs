@@ -6,6 +6,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
 
+use ampccl_runtime::copy::SharedCopy;
 use ampccl_runtime::doorbell::Doorbell;
 #[cfg(not(ampccl_loom))]
 use ampccl_runtime::doorbell::DoorbellWords;
@@ -32,6 +33,8 @@ pub struct ShmDevice {
     _segs: Vec<Arc<Segment>>,
     views: Vec<View>,
     bells: Vec<Doorbell>,
+    /// The copy of writes into each peer's window (index = rank).
+    stores: Vec<SharedCopy>,
     cma: bool,
     /// Turns a peer's operation record (see [`ShmDevice::set_op`]) into text.
     op_formatter: OnceLock<OpFormatter>,
@@ -62,6 +65,7 @@ impl ShmDevice {
         segs: Vec<Arc<Segment>>,
         cma: bool,
     ) -> ShmDevice {
+        let segs_len = segs.len();
         let views: Vec<View> = segs
             .iter()
             .map(|s| View {
@@ -81,6 +85,7 @@ impl ShmDevice {
             _segs: segs,
             views,
             bells,
+            stores: (0..segs_len).map(|_| SharedCopy::default()).collect(),
             cma,
             op_formatter: OnceLock::new(),
         }
@@ -184,10 +189,8 @@ impl ShmDevice {
             // arrives (or, failed, until we are done here); `buf` is valid by contract; the two
             // lie in different buffers, so they do not overlap.
             match dir {
-                // The peer reads what we write at once: keep it in the cache.
-                cma::Direction::Write => unsafe {
-                    ampccl_runtime::copy::copy_shared(dst, src, len)
-                },
+                // The peer reads what we write at once.
+                cma::Direction::Write => unsafe { self.stores[peer].copy(dst, src, len) },
                 // A read lands in its final place (see `RmaDevice::read`).
                 cma::Direction::Read => unsafe { ampccl_runtime::copy::copy_out(dst, src, len) },
             }
