@@ -5,8 +5,8 @@
  *
  *   cc -O2 -o /tmp/handoff_probe benches/scripts/handoff_probe.c && /tmp/handoff_probe [s]
  *
- * On the AMD EPYC dev VM: 12-14 us plain / 33 us streaming normally; 160-210 us plain / 24 us
- * streaming while the host has placed the two vCPUs far apart. */
+ * On the AMD EPYC dev VM (session 10, 120 alternated pairs): 13 us plain / 34 us streaming
+ * normally; 155-223 us plain / 24-30 us streaming in the host's slow spells. */
 #define _GNU_SOURCE
 #include <immintrin.h>
 #include <sched.h>

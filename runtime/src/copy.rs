@@ -1,5 +1,6 @@
-//! Bulk copies of stream tasks: `memcpy`, or — for copies of at least [`STREAM_MIN`] bytes on
-//! x86-64 with AVX2 — non-temporal (streaming) stores.
+//! Bulk copies of stream tasks: on x86-64 with AVX2 a vector loop from [`VECTOR_MIN`] bytes
+//! (`memcpy` below it, and without AVX2), with non-temporal (streaming) stores from
+//! [`STREAM_MIN`].
 //!
 //! A plain store to a line that is not cached first reads the line from memory (read for
 //! ownership), so a large `memcpy` moves three bytes through the memory bus per byte copied.
@@ -8,8 +9,9 @@
 //! destination of a multi-megabyte copy does not fit in the cache anyway) and wrong for data
 //! another core reads at once, so only stream tasks' copies and reads out of a peer's window
 //! (which land in their final place) use them; the transports' writes into a peer's window
-//! ([`SharedCopy`]) use them only while they measure faster there. [`copy_out`] streams from a smaller size, for callers that know the destination is
-//! an operation's output that nothing reads again soon.
+//! ([`SharedCopy`]) use them only while they measure faster there. [`copy_out`] streams from
+//! a smaller size, for callers that know the destination is an operation's output that
+//! nothing reads again soon.
 //!
 //! Streaming stores are weakly ordered: [`copy`] ends with `sfence`, so a release store after
 //! it (a completion flag another process polls) is ordered after the copied data, as it is after
@@ -59,10 +61,10 @@ pub unsafe fn copy_out(dst: *mut u8, src: *const u8, len: usize) {
 ///
 /// Plain stores are the right choice while the two cores hand lines to each other quickly,
 /// and they usually do: a 2-process producer/consumer test (a 512 KiB copy into slots
-/// rotating over 4 MiB, the consumer copying out) takes 12.7 µs per copy with plain stores
-/// and 33 µs with streaming ones. But this shared host now and then places the VM's two
+/// rotating over 4 MiB, the consumer copying out) takes 13 µs per copy with plain stores
+/// and 34 µs with streaming ones. But this shared host now and then places the VM's two
 /// vCPUs so that a store to a line the other core has read costs many times more, for tens
-/// of seconds at a time; then the same test takes 160–210 µs with plain stores and 24 µs
+/// of seconds at a time; then the same test takes 155–223 µs with plain stores and 24–30 µs
 /// with streaming ones, which go to memory without taking the line from the other core
 /// (session 10, docs/PERFORMANCE.md). So copies of at least [`SharedCopy::MIN_BYTES`] are
 /// timed and each kind's cost per byte is kept per size class (a power of two); the cheaper

@@ -9,8 +9,9 @@
 //! ```
 //! The ring ([`super::allgather_ring`]) on 2 ranks first copies the whole input into the
 //! output, then sends the block from there: once the message exceeds the cache, the input
-//! and the own block each come from memory twice, and the cross-memory write into the peer's
-//! output is a plain store that first reads each line it overwrites. Here the message moves
+//! and the own block each come from memory twice, and the store into the peer's output (a
+//! cross-memory write until session 10, a copy out of the window since) is a plain store that
+//! first reads each line it overwrites. Here the message moves
 //! in pieces: the piece is read from memory once (the own copy), sent from the cache into the
 //! peer's window slot, and both output blocks are written with streaming stores (`copy_out`
 //! streams pieces of [`PIECE`] bytes). The window traffic stays in the cache; each rank moves

@@ -17,8 +17,9 @@ pub const ONE_SHOT_MAX_BYTES: usize = 256 * 1024;
 /// On 2 ranks one-shot again from this size, as far as the CCL buffer holds both inputs. Each
 /// rank copies all of its input once and reduces all of it (2 bytes of work per byte, against
 /// the ring's 1.5), but in one step, with plain copies into the peer's window: the ring's
-/// second half writes into the peer's output with cross-memory attach, whose page pinning took
-/// 15-17 % of a 1 MiB ring's cycles (`perf record`). Session 7 (AMD EPYC dev machine), 5
+/// second half then wrote into the peer's output with cross-memory attach, whose page pinning
+/// took 15-17 % of a 1 MiB ring's cycles (`perf record`; since session 10 it goes through the
+/// peer's window, and these figures were not re-measured). Session 7 (AMD EPYC dev machine), 5
 /// alternated runs, medians, µs out of place / in place (`AMPCCL_ALGO_ALLREDUCE=...
 /// ampccl-perf -g 2 -b 128K -e 2M -f 2 -n 300 -w 50`), one-shot vs ring: 256 KiB 38.6/38.2 vs
 /// 33.0/42.5, 512 KiB 46.6/54.1 vs 51.2/69.9, 1 MiB 60.0/86.8 vs 77.2/77.2, 2 MiB
