@@ -12,13 +12,16 @@
 //!   overlap checks.
 //! * `f16` / `bf16` are reduced in `f32`, [`HALF_LANES`] elements at a time held in registers:
 //!   widened (`f16`: F16C's `vcvtph2ps`; `bf16`: a shift), reduced, and rounded back (`f16`:
-//!   `vcvtps2ph`; `bf16`: bit manipulation in AVX2 intrinsics, on lanes kept in even/odd order
-//!   so that no shuffle is needed). Each result is rounded once, exactly as the per-element
-//!   `from_f32(op(a.to_f32(), b.to_f32()))` would.
+//!   `vcvtps2ph`; `bf16`: AVX-512 BF16's `vcvtne2ps2bf16` where the CPU has it, else bit
+//!   manipulation in AVX2 intrinsics, on lanes kept in even/odd order so that no shuffle is
+//!   needed). Each result is rounded once, exactly as the per-element
+//!   `from_f32(op(a.to_f32(), b.to_f32()))` would (`vcvtne2ps2bf16` takes subnormals as zero,
+//!   so groups with a subnormal result take the AVX2 rounding).
 //! * On x86-64 the loops are additionally compiled with AVX2 and F16C enabled and chosen at run
-//!   time with `is_x86_feature_detected!` (the detection result is cached by `std`). Both
-//!   variants come from the same generic source; nothing is written twice. The variant a loop is
-//!   compiled for is a type ([`Isa`]), so code that uses AVX2 or F16C intrinsics can test for it.
+//!   time with `is_x86_feature_detected!` (the detection result is cached by `std`); `bf16`
+//!   loops get a third variant with AVX-512 BF16 as well. All variants come from the same
+//!   generic source; nothing is written twice. The variant a loop is compiled for is a type
+//!   ([`Isa`]), so code that uses AVX2, F16C or BF16 intrinsics can test for it.
 //!
 //! # Semantics
 //!
@@ -363,6 +366,11 @@ pub const HALF_LANES: usize = 16;
 /// may be applied in between.
 trait HalfFloat: Copy {
     const ZERO: Self;
+    /// Runs a job on this type in the best variant the CPU allows.
+    #[inline(always)]
+    fn dispatch<J: Job>(job: J) {
+        dispatch(job)
+    }
     fn widen<I: Isa>(src: &[Self; HALF_LANES]) -> [f32; HALF_LANES];
     fn narrow<I: Isa>(src: &[f32; HALF_LANES]) -> [Self; HALF_LANES];
     /// The lane of `widen`'s result that holds element `k` of the group.
@@ -428,6 +436,11 @@ impl HalfFloat for f16 {
 impl HalfFloat for bf16 {
     const ZERO: Self = bf16::ZERO;
 
+    #[inline(always)]
+    fn dispatch<J: Job>(job: J) {
+        dispatch_bf16(job)
+    }
+
     /// A shift: `bf16` is the upper half of an `f32`. In AVX2 the group is read as eight
     /// 32-bit words, each holding an even element in its low half and an odd one in its high
     /// half: shifting left gives the even elements, masking the odd ones, without a shuffle.
@@ -460,6 +473,14 @@ impl HalfFloat for bf16 {
     /// words, the odd ones' masked in the high halves, and the two combined.
     #[inline(always)]
     fn narrow<I: Isa>(src: &[f32; HALF_LANES]) -> [Self; HALF_LANES] {
+        #[cfg(target_arch = "x86_64")]
+        if I::BF16 {
+            // SAFETY: `I::BF16` is true only inside `dispatch_bf16`'s function compiled with
+            // the features `bf16_narrow16` needs, entered after detecting them.
+            if let Some(out) = unsafe { bf16_narrow16(src) } {
+                return out;
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         if I::AVX2 {
             use std::arch::x86_64::{
@@ -502,6 +523,42 @@ fn bf16_round(x: f32) -> u32 {
         b | BF16_QUIET
     } else {
         b.wrapping_add(0x7fff + ((b >> 16) & 1))
+    }
+}
+
+/// `bf16::narrow` of a group in AVX-512 BF16: `vcvtne2ps2bf16` rounds both halves (to nearest
+/// even, NaNs truncated and made quiet, as [`bf16_round`]) and `vpermw` interleaves the even
+/// and odd elements again. The instruction takes subnormal lanes as zero, so a group with one
+/// is left to the caller (`None`); sums of data that is not itself that small never hit it.
+///
+/// # Safety
+/// Only inside code compiled with AVX-512 BF16, VL, BW and DQ on a CPU that has them
+/// (`Isa::BF16`).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn bf16_narrow16(src: &[f32; HALF_LANES]) -> Option<[bf16; HALF_LANES]> {
+    use std::arch::x86_64::{
+        __m256, __m256i, _mm256_cvtne2ps_pbh, _mm256_fpclass_ps_mask, _mm256_permutexvar_epi16,
+        _mm256_setr_epi16,
+    };
+    /// `vfpclassps` category: subnormal.
+    const SUBNORMAL: i32 = 0x20;
+    // SAFETY: the caller runs this with the features above enabled and present. `[f32; 16]`
+    // and `[__m256; 2]`, and `__m256i`, `__m256bh` and `[bf16; 16]`, have the same size and
+    // every bit pattern is valid for each.
+    unsafe {
+        let [even, odd]: [__m256; 2] = std::mem::transmute(*src);
+        if _mm256_fpclass_ps_mask::<SUBNORMAL>(even) | _mm256_fpclass_ps_mask::<SUBNORMAL>(odd) != 0
+        {
+            return None;
+        }
+        // Lanes 0–7: the even elements, 8–15: the odd ones; output element `k` takes lane
+        // `k / 2 + 8 * (k % 2)`.
+        let packed: __m256i = std::mem::transmute(_mm256_cvtne2ps_pbh(odd, even));
+        let order = _mm256_setr_epi16(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+        Some(std::mem::transmute::<__m256i, [bf16; HALF_LANES]>(
+            _mm256_permutexvar_epi16(order, packed),
+        ))
     }
 }
 
@@ -592,6 +649,8 @@ fn run_half<H: HalfFloat, I: Isa>(ops: Operands<'_, H>, f: impl Fn(f32, f32) -> 
 trait Isa {
     /// Whether AVX2 and F16C intrinsics may be used.
     const AVX2: bool;
+    /// Whether AVX-512 BF16 (with VL, BW and DQ) intrinsics may be used too.
+    const BF16: bool = false;
 }
 
 /// The target's baseline (SSE2 on x86-64).
@@ -606,6 +665,16 @@ struct Avx2;
 #[cfg(target_arch = "x86_64")]
 impl Isa for Avx2 {
     const AVX2: bool = true;
+}
+
+/// AVX2 and F16C plus AVX-512 BF16, VL, BW and DQ: only for `bf16` jobs ([`dispatch_bf16`]),
+/// so that no other loop is recompiled for 512-bit vectors.
+#[cfg(target_arch = "x86_64")]
+struct Avx2Bf16;
+#[cfg(target_arch = "x86_64")]
+impl Isa for Avx2Bf16 {
+    const AVX2: bool = true;
+    const BF16: bool = true;
 }
 
 /// One monomorphized kernel invocation, runnable under different target features.
@@ -649,10 +718,48 @@ impl<T: Copy + std::ops::DivAssign> Job for DivFloat<'_, T> {
 #[inline(always)]
 fn use_avx2() -> bool {
     #[cfg(test)]
-    if tests::BASELINE_ONLY.with(|b| b.get()) {
+    if tests::LEVEL.get() == tests::Level::Baseline {
         return false;
     }
     std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c")
+}
+
+/// Whether [`dispatch_bf16`] takes the AVX-512 BF16 variant (tests can force a lower one).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn use_bf16() -> bool {
+    #[cfg(test)]
+    if tests::LEVEL.get() != tests::Level::Best {
+        return false;
+    }
+    use std::arch::is_x86_feature_detected as has;
+    use_avx2()
+        && has!("avx512f")
+        && has!("avx512vl")
+        && has!("avx512bw")
+        && has!("avx512dq")
+        && has!("avx512bf16")
+}
+
+/// [`dispatch`] for `bf16` jobs: compiled with AVX-512 BF16 too where the CPU has it, whose
+/// `vcvtne2ps2bf16` rounds sixteen lanes in one instruction.
+#[inline(always)]
+fn dispatch_bf16<J: Job>(job: J) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        /// # Safety
+        /// The CPU must support every feature enabled here ([`use_bf16`]).
+        #[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512bf16")]
+        unsafe fn with_bf16<J: Job>(job: J) {
+            job.run::<Avx2Bf16>()
+        }
+        if use_bf16() {
+            // SAFETY: `use_bf16` detected every feature `with_bf16` enables.
+            unsafe { with_bf16(job) };
+            return;
+        }
+    }
+    dispatch(job)
 }
 
 /// Runs `job`, compiled with AVX2 and F16C enabled when the CPU has them (x86-64), else as
@@ -727,11 +834,11 @@ macro_rules! half_reducible {
     ($($t:ty),*) => {$(
         impl Reducible for $t {
             fn reduce(op: ReduceOp, ops: Operands<'_, Self>) {
-                with_op!(op, O => dispatch(Half(ops, O::apply::<f32>)))
+                with_op!(op, O => <$t as HalfFloat>::dispatch(Half(ops, O::apply::<f32>)))
             }
             fn finish_avg(dst: &mut [Self], n: usize) {
                 let n = n as f32;
-                dispatch(Half(Operands::Same { dst }, move |x: f32, _| x / n));
+                <$t as HalfFloat>::dispatch(Half(Operands::Same { dst }, move |x: f32, _| x / n));
             }
         }
     )*};
@@ -744,9 +851,33 @@ mod tests {
     use proptest::prelude::*;
     use std::fmt::Debug;
 
+    /// The best variant `dispatch` and `dispatch_bf16` may take on this thread, so that every
+    /// variant the CPU has gets tested.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub(super) enum Level {
+        /// Whatever the CPU allows.
+        Best,
+        /// At most AVX2 and F16C.
+        Avx2,
+        /// The baseline.
+        Baseline,
+    }
+
+    impl Level {
+        const ALL: [Level; 3] = [Level::Best, Level::Avx2, Level::Baseline];
+    }
+
     thread_local! {
-        /// Makes `dispatch` on this thread skip the AVX2 variant, so both variants get tested.
-        pub(super) static BASELINE_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        pub(super) static LEVEL: std::cell::Cell<Level> = const { std::cell::Cell::new(Level::Best) };
+    }
+
+    /// Runs `f` once per [`Level`], that level set while it runs.
+    fn at_every_level(mut f: impl FnMut(Level)) {
+        for level in Level::ALL {
+            LEVEL.set(level);
+            f(level);
+        }
+        LEVEL.set(Level::Best);
     }
 
     const COUNTS: [usize; 5] = [0, 1, 7, 1021, 4099];
@@ -946,14 +1077,10 @@ mod tests {
         assert_same(&format!("{what} (b prefix)"), &b[..off], &b0[..off]);
     }
 
-    /// Every op × count × shape × offset, once through the dispatched (AVX2 if available) kernels
-    /// and once through the baseline ones.
+    /// Every op × count × shape × offset, through the kernels of every variant (as far as the
+    /// CPU has them).
     fn check_all<T: TestElem>() {
-        for baseline in [false, true] {
-            BASELINE_ONLY.with(|b| b.set(baseline));
-            check_all_once::<T>();
-        }
-        BASELINE_ONLY.with(|b| b.set(false));
+        at_every_level(|_| check_all_once::<T>());
     }
 
     fn check_all_once<T: TestElem>() {
@@ -1017,18 +1144,16 @@ mod tests {
                 assert_same(&format!("{:?} {op:?} dst==b", T::DTYPE), &right, &want);
             }
         }
-        for baseline in [false, true] {
-            BASELINE_ONLY.with(|b| b.set(baseline));
+        at_every_level(|_| {
             case::<f32>(|x| x);
             case::<f64>(f64::from);
             case::<f16>(f16::from_f32);
             case::<bf16>(bf16::from_f32);
-        }
-        BASELINE_ONLY.with(|b| b.set(false));
+        });
     }
 
     /// Narrows `f` and widens the result back through `H`'s lane conversions, in the variant
-    /// [`dispatch`] picks (so `BASELINE_ONLY` selects the scalar one), each element through the
+    /// `H::dispatch` picks (so `LEVEL` selects a lower one), each element through the
     /// lane the variant keeps it in.
     struct RoundTrip<'a, H>(&'a [f32], &'a mut Vec<H>, &'a mut Vec<f32>);
     impl<H: HalfFloat> Job for RoundTrip<'_, H> {
@@ -1059,23 +1184,21 @@ mod tests {
         let bits = (0..=u32::MAX).step_by(977).chain(extra.iter().copied());
         let f: Vec<f32> = bits.map(f32::from_bits).collect();
         let every: Vec<f32> = (0..=u16::MAX).map(|b| to_f32(from_bits(b))).collect();
-        for baseline in [false, true] {
-            BASELINE_ONLY.with(|b| b.set(baseline));
+        at_every_level(|level| {
             let (mut narrowed, mut widened) = (Vec::new(), Vec::new());
-            dispatch(RoundTrip::<H>(&f, &mut narrowed, &mut widened));
+            H::dispatch(RoundTrip::<H>(&f, &mut narrowed, &mut widened));
             let want: Vec<H> = f.iter().map(|&x| from_f32(x)).collect();
-            assert_same(&format!("narrow, baseline {baseline}"), &narrowed, &want);
+            assert_same(&format!("narrow, {level:?}"), &narrowed, &want);
             let want_back: Vec<f32> = narrowed.iter().map(|&x| to_f32(x)).collect();
-            assert_same(&format!("widen, baseline {baseline}"), &widened, &want_back);
+            assert_same(&format!("widen, {level:?}"), &widened, &want_back);
             // Every half value is exact in f32: narrowing it back must give the same bits,
             // and widening those bits the same f32 again.
             let (mut again, mut back) = (Vec::new(), Vec::new());
-            dispatch(RoundTrip::<H>(&every, &mut again, &mut back));
+            H::dispatch(RoundTrip::<H>(&every, &mut again, &mut back));
             let all: Vec<H> = (0..=u16::MAX).map(from_bits).collect();
-            assert_same(&format!("every pattern, baseline {baseline}"), &again, &all);
-            assert_same(&format!("every value, baseline {baseline}"), &back, &every);
-        }
-        BASELINE_ONLY.with(|b| b.set(false));
+            assert_same(&format!("every pattern, {level:?}"), &again, &all);
+            assert_same(&format!("every value, {level:?}"), &back, &every);
+        });
     }
 
     #[test]
