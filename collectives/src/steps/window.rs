@@ -34,7 +34,7 @@ const LINE: usize = 64;
 /// 480.8/354.6 vs 440.5/276.6; broadcast 4 MiB 266.8/154.6 vs 240.7/157.7; allreduce alike
 /// (within 3 %). A 1 MiB span was slower again from 64 KiB to 256 KiB (allgather 128 KiB
 /// 6.0/4.7 vs 8.7/8.9 µs, 7 runs): too few slots.
-const SPAN: usize = 2 << 20;
+pub const SPAN: usize = 2 << 20;
 
 /// The slots of one call: `count` slots of `stride` bytes from byte `base` of `CclIn`, the
 /// first at the cursor (a position relative to `base`).
