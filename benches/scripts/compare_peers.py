@@ -17,6 +17,10 @@ size / ranks). ampccl-perf, Open MPI and Gloo run the same iteration counts per 
 ~/.cache/ampccl-peers); ampccl-perf from $AMPCCL_PERF, else $CARGO_TARGET_DIR/release, else
 target/release.
 
+Before and after each round the host is probed (benches/scripts/handoff_probe.c, built with cc):
+a round during which the host was in one of its slow spells is run again (at most --rounds
+times), so that every peer is measured outside them; --no-probe turns this off.
+
 The peer `ceiling` (2 ranks only) is `ampccl-perf ceiling`: the same collective done by two
 pinned threads of one process with the library's kernels, no transport — the host-memory
 ceiling of any 2-rank implementation here. With it the table adds, per other peer X,
@@ -62,6 +66,30 @@ def wait_quiet(limit_s):
     while (busy := builders()) and time.time() < deadline:
         time.sleep(5)
     return busy
+
+
+SPELL_US = 60.0  # handoff_probe's plain time: 11-23 us normally, 155-223 us in a slow spell
+
+
+class HostProbe:
+    """benches/scripts/handoff_probe.c, built once: microseconds per 512 KiB hand-off between the
+    two CPUs. The host has slow spells of tens of seconds in which these hand-offs take 10-15x
+    longer (docs/PERFORMANCE.md, session 10); rounds are run and kept only outside them."""
+
+    def __init__(self):
+        import tempfile
+        self.exe = os.path.join(tempfile.mkdtemp(prefix="ampccl-probe-"), "handoff_probe")
+        subprocess.run(["cc", "-O2", "-o", self.exe, os.path.join(HERE, "handoff_probe.c")], check=True)
+
+    def us(self):
+        return float(subprocess.run([self.exe], capture_output=True, text=True, check=True).stdout)
+
+    def wait_normal(self, limit_s):
+        """Waits (up to limit_s) until the host is out of a spell; returns the last reading."""
+        deadline = time.time() + limit_s
+        while (t := self.us()) > SPELL_US and time.time() < deadline:
+            time.sleep(5)
+        return t
 
 
 def perf_exe():
@@ -154,6 +182,10 @@ def main():
     ap.add_argument("--out-dir", required=True, help="where <peer>.csv (median rows) go")
     ap.add_argument("--wait-quiet", type=int, default=600,
                     help="before each round, wait up to this many seconds for builds to end")
+    ap.add_argument("--no-probe", action="store_true",
+                    help="do not probe the host for slow spells (see HostProbe)")
+    ap.add_argument("--wait-spell", type=int, default=600,
+                    help="before each round, wait up to this many seconds for a slow spell to end")
     a = ap.parse_args()
     sizes = [parse_size(s) for s in a.sizes.split(",")]
     peers = a.peers.split(",")
@@ -170,18 +202,34 @@ def main():
     times = {p: [] for p in peers}
     wrong = {p: {} for p in peers}
     noisy = 0
-    for i in range(a.rounds):
+    probe = None if a.no_probe else HostProbe()
+    spells, redone = 0, 0
+    i = 0
+    while i < a.rounds:
         busy = wait_quiet(a.wait_quiet)
+        before = probe.wait_normal(a.wait_spell) if probe else None
         load = os.getloadavg()[0]
-        print(f"round {i + 1}/{a.rounds}: load {load:.2f}, builds running: {busy or 'none'}",
-              file=sys.stderr)
+        print(f"round {i + 1}/{a.rounds}: load {load:.2f}, builds running: {busy or 'none'}"
+              + (f", host probe {before:.1f} us" if probe else ""), file=sys.stderr)
+        got = {}
         for p in peers:
             print(f"round {i + 1}/{a.rounds}: {TITLES[p]}", file=sys.stderr)
-            t, w = runners[p]()
+            got[p] = runners[p]()
+        after = probe.us() if probe else None
+        if probe and max(before, after) > SPELL_US:
+            # A spell began (or never ended) during the round: every peer ran partly in it.
+            spells += 1
+            if redone < a.rounds:
+                redone += 1
+                print(f"round {i + 1}/{a.rounds}: host probe {before:.1f} / {after:.1f} us: "
+                      "a slow spell, round run again", file=sys.stderr)
+                continue
+        for p, (t, w) in got.items():
             times[p].append(t)
             for s, v in w.items():
                 wrong[p][s] = wrong[p].get(s, 0) + v
         noisy += bool(busy or builders())
+        i += 1
     med = {p: {s: statistics.median(r[s] for r in times[p]) for s in sizes if all(s in r for r in times[p])}
            for p in peers}
     os.makedirs(a.out_dir, exist_ok=True)
@@ -195,7 +243,9 @@ def main():
                 f.write(f"{a.op},{n},{s},{s // 4},float,{redop},{root},{placement(a.op)},{t:.3f},{alg:.4f},"
                         f"{alg * BUS[a.op](n):.4f},{wrong[p].get(s, 0)}\n")
     print(f"{n} ranks, f32 {a.op}, time per call (us), medians of {a.rounds} alternated runs; "
-          f"ratio = peer time / ampccl time; builds ran during {noisy} of the rounds\n")
+          f"ratio = peer time / ampccl time; builds ran during {noisy} of the rounds"
+          + (f"; host probe (handoff_probe.c) in a slow spell around {spells} round(s), "
+             f"{redone} run again" if probe else "; host not probed") + "\n")
     if "ceiling" in peers:
         print("ampccl / 2-thread ceiling: the fraction of the ceiling's speed ampccl reaches; "
               "2-thread ceiling / X: the most any 2-rank implementation could gain over X\n")
