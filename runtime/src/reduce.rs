@@ -366,11 +366,8 @@ pub const HALF_LANES: usize = 16;
 /// may be applied in between.
 trait HalfFloat: Copy {
     const ZERO: Self;
-    /// Runs a job on this type in the best variant the CPU allows.
-    #[inline(always)]
-    fn dispatch<J: Job>(job: J) {
-        dispatch(job)
-    }
+    /// Whether jobs on this type take the AVX-512 BF16 variant where the CPU has it.
+    const BF16: bool = false;
     fn widen<I: Isa>(src: &[Self; HALF_LANES]) -> [f32; HALF_LANES];
     fn narrow<I: Isa>(src: &[f32; HALF_LANES]) -> [Self; HALF_LANES];
     /// The lane of `widen`'s result that holds element `k` of the group.
@@ -435,11 +432,7 @@ impl HalfFloat for f16 {
 
 impl HalfFloat for bf16 {
     const ZERO: Self = bf16::ZERO;
-
-    #[inline(always)]
-    fn dispatch<J: Job>(job: J) {
-        dispatch_bf16(job)
-    }
+    const BF16: bool = true;
 
     /// A shift: `bf16` is the upper half of an `f32`. In AVX2 the group is read as eight
     /// 32-bit words, each holding an even element in its low half and an odd one in its high
@@ -475,7 +468,7 @@ impl HalfFloat for bf16 {
     fn narrow<I: Isa>(src: &[f32; HALF_LANES]) -> [Self; HALF_LANES] {
         #[cfg(target_arch = "x86_64")]
         if I::BF16 {
-            // SAFETY: `I::BF16` is true only inside `dispatch_bf16`'s function compiled with
+            // SAFETY: `I::BF16` is true only inside `dispatch`'s BF16 function compiled with
             // the features `bf16_narrow16` needs, entered after detecting them.
             if let Some(out) = unsafe { bf16_narrow16(src) } {
                 return out;
@@ -667,7 +660,7 @@ impl Isa for Avx2 {
     const AVX2: bool = true;
 }
 
-/// AVX2 and F16C plus AVX-512 BF16, VL, BW and DQ: only for `bf16` jobs ([`dispatch_bf16`]),
+/// AVX2 and F16C plus AVX-512 BF16, VL, BW and DQ: only for `bf16` jobs ([`Job::BF16`]),
 /// so that no other loop is recompiled for 512-bit vectors.
 #[cfg(target_arch = "x86_64")]
 struct Avx2Bf16;
@@ -682,6 +675,8 @@ impl Isa for Avx2Bf16 {
 /// A trait rather than a closure because `run` must be `#[inline(always)]`: its body has to be
 /// generated inside the AVX2 function of [`dispatch`], not called from it.
 trait Job {
+    /// Whether [`dispatch`] may take the AVX-512 BF16 variant ([`Avx2Bf16`]) for this job.
+    const BF16: bool = false;
     fn run<I: Isa>(self);
 }
 
@@ -697,6 +692,7 @@ impl<T: Arith, O: BinOp> Job for Native<'_, T, O> {
 /// `dst = f(x, y)` on `f16`/`bf16`, through `f32`: a reduction, or `Avg`'s division.
 struct Half<'a, H, F>(Operands<'a, H>, F);
 impl<H: HalfFloat, F: Fn(f32, f32) -> f32 + Copy> Job for Half<'_, H, F> {
+    const BF16: bool = H::BF16;
     #[inline(always)]
     fn run<I: Isa>(self) {
         run_half::<H, I>(self.0, self.1)
@@ -724,7 +720,7 @@ fn use_avx2() -> bool {
     std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c")
 }
 
-/// Whether [`dispatch_bf16`] takes the AVX-512 BF16 variant (tests can force a lower one).
+/// Whether [`dispatch`] takes the AVX-512 BF16 variant for `bf16` jobs (tests can force a lower one).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn use_bf16() -> bool {
@@ -741,10 +737,11 @@ fn use_bf16() -> bool {
         && has!("avx512bf16")
 }
 
-/// [`dispatch`] for `bf16` jobs: compiled with AVX-512 BF16 too where the CPU has it, whose
-/// `vcvtne2ps2bf16` rounds sixteen lanes in one instruction.
+/// Runs `job`, compiled with AVX2 and F16C enabled when the CPU has them (x86-64), else as
+/// compiled (SSE2 baseline); a `bf16` job (`J::BF16`) with AVX-512 BF16 too where the CPU has
+/// it, whose `vcvtne2ps2bf16` rounds sixteen lanes in one instruction.
 #[inline(always)]
-fn dispatch_bf16<J: Job>(job: J) {
+fn dispatch<J: Job>(job: J) {
     #[cfg(target_arch = "x86_64")]
     {
         /// # Safety
@@ -753,21 +750,11 @@ fn dispatch_bf16<J: Job>(job: J) {
         unsafe fn with_bf16<J: Job>(job: J) {
             job.run::<Avx2Bf16>()
         }
-        if use_bf16() {
+        if J::BF16 && use_bf16() {
             // SAFETY: `use_bf16` detected every feature `with_bf16` enables.
             unsafe { with_bf16(job) };
             return;
         }
-    }
-    dispatch(job)
-}
-
-/// Runs `job`, compiled with AVX2 and F16C enabled when the CPU has them (x86-64), else as
-/// compiled (SSE2 baseline).
-#[inline(always)]
-fn dispatch<J: Job>(job: J) {
-    #[cfg(target_arch = "x86_64")]
-    {
         /// # Safety
         /// The CPU must support AVX2 and F16C.
         #[target_feature(enable = "avx2,f16c")]
@@ -834,11 +821,11 @@ macro_rules! half_reducible {
     ($($t:ty),*) => {$(
         impl Reducible for $t {
             fn reduce(op: ReduceOp, ops: Operands<'_, Self>) {
-                with_op!(op, O => <$t as HalfFloat>::dispatch(Half(ops, O::apply::<f32>)))
+                with_op!(op, O => dispatch(Half(ops, O::apply::<f32>)))
             }
             fn finish_avg(dst: &mut [Self], n: usize) {
                 let n = n as f32;
-                <$t as HalfFloat>::dispatch(Half(Operands::Same { dst }, move |x: f32, _| x / n));
+                dispatch(Half(Operands::Same { dst }, move |x: f32, _| x / n));
             }
         }
     )*};
@@ -851,7 +838,7 @@ mod tests {
     use proptest::prelude::*;
     use std::fmt::Debug;
 
-    /// The best variant `dispatch` and `dispatch_bf16` may take on this thread, so that every
+    /// The best variant `dispatch` may take on this thread, so that every
     /// variant the CPU has gets tested.
     #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub(super) enum Level {
@@ -1153,10 +1140,11 @@ mod tests {
     }
 
     /// Narrows `f` and widens the result back through `H`'s lane conversions, in the variant
-    /// `H::dispatch` picks (so `LEVEL` selects a lower one), each element through the
+    /// [`dispatch`] picks (so `LEVEL` selects a lower one), each element through the
     /// lane the variant keeps it in.
     struct RoundTrip<'a, H>(&'a [f32], &'a mut Vec<H>, &'a mut Vec<f32>);
     impl<H: HalfFloat> Job for RoundTrip<'_, H> {
+        const BF16: bool = H::BF16;
         fn run<I: Isa>(self) {
             for chunk in self.0.chunks(HALF_LANES) {
                 let mut lanes = [0f32; HALF_LANES];
@@ -1186,7 +1174,7 @@ mod tests {
         let every: Vec<f32> = (0..=u16::MAX).map(|b| to_f32(from_bits(b))).collect();
         at_every_level(|level| {
             let (mut narrowed, mut widened) = (Vec::new(), Vec::new());
-            H::dispatch(RoundTrip::<H>(&f, &mut narrowed, &mut widened));
+            dispatch(RoundTrip::<H>(&f, &mut narrowed, &mut widened));
             let want: Vec<H> = f.iter().map(|&x| from_f32(x)).collect();
             assert_same(&format!("narrow, {level:?}"), &narrowed, &want);
             let want_back: Vec<f32> = narrowed.iter().map(|&x| to_f32(x)).collect();
@@ -1194,7 +1182,7 @@ mod tests {
             // Every half value is exact in f32: narrowing it back must give the same bits,
             // and widening those bits the same f32 again.
             let (mut again, mut back) = (Vec::new(), Vec::new());
-            H::dispatch(RoundTrip::<H>(&every, &mut again, &mut back));
+            dispatch(RoundTrip::<H>(&every, &mut again, &mut back));
             let all: Vec<H> = (0..=u16::MAX).map(from_bits).collect();
             assert_same(&format!("every pattern, {level:?}"), &again, &all);
             assert_same(&format!("every value, {level:?}"), &back, &every);
