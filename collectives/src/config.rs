@@ -8,6 +8,7 @@
 //! | `AMPCCL_TRANSPORT` | (probe) | force a transport provider (`shm`) |
 //! | `AMPCCL_ALGO_<OP>` | (select) | force an algorithm, e.g. `AMPCCL_ALGO_ALLREDUCE=AllReduceRing` |
 //! | `AMPCCL_SPIN_US` | 5, or 0 when a host has more ranks than CPUs | µs an idle rank busy-waits before yielding its core |
+//! | `AMPCCL_CACHE_BYTES` | (sysfs) | bytes of the last-level cache algorithms assume (where sysfs is wrong or absent) |
 //! | `AMPCCL_LOG` | `warn` | log filter (`tracing` env-filter syntax) |
 
 use std::collections::HashMap;
@@ -31,6 +32,8 @@ pub struct Config {
     pub fifo_depth: usize,
     /// Busy-wait before yielding; `None`: decided from ranks per host and CPUs.
     pub spin: Option<Duration>,
+    /// Bytes of the last-level cache; `None`: read from sysfs.
+    pub cache_bytes: Option<usize>,
 }
 
 impl Default for Config {
@@ -43,6 +46,7 @@ impl Default for Config {
             forced: HashMap::new(),
             fifo_depth: 256,
             spin: None,
+            cache_bytes: None,
         }
     }
 }
@@ -92,6 +96,9 @@ impl Config {
             })?;
             c.spin = Some(Duration::from_secs_f64(us / 1e6));
         }
+        if let Some(b) = num("AMPCCL_CACHE_BYTES")? {
+            c.cache_bytes = Some(b as usize);
+        }
         if let Some(v) = get("AMPCCL_SHM_CMA") {
             c.allow_cma = v.trim() != "0";
         }
@@ -130,10 +137,12 @@ mod tests {
             "AMPCCL_TIMEOUT_S" => Some("2.5".into()),
             "AMPCCL_BUFFSIZE" => Some("65536".into()),
             "AMPCCL_ALGO_ALLREDUCE" => Some("AllReduceRing".into()),
+            "AMPCCL_CACHE_BYTES" => Some("65536".into()),
             _ => None,
         })
         .unwrap();
         assert_eq!(c.timeout, Duration::from_millis(2500));
+        assert_eq!(c.cache_bytes, Some(65536));
         assert_eq!(c.buffsize, 65536);
         assert_eq!(
             c.forced.get(&OpKind::AllReduce).map(String::as_str),
@@ -141,5 +150,6 @@ mod tests {
         );
         assert!(Config::from_lookup(|k| (k == "AMPCCL_TIMEOUT_S").then(|| "soon".into())).is_err());
         assert!(Config::from_lookup(|k| (k == "AMPCCL_BUFFSIZE").then(|| "12".into())).is_err());
+        assert!(Config::from_lookup(|k| (k == "AMPCCL_CACHE_BYTES").then(|| "-1".into())).is_err());
     }
 }

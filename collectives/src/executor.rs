@@ -37,10 +37,31 @@ pub struct SelectCtx {
 }
 
 impl SelectCtx {
-    /// Whether `bytes` fit 1/`share` of the last-level cache; `None` when its size is unknown
-    /// (each operator then decides by size alone).
-    pub fn fits_cache_share(&self, bytes: usize, share: usize) -> Option<bool> {
-        (self.cache_bytes != 0).then(|| bytes <= self.cache_bytes / share)
+    /// [`beyond_cache`] on this host.
+    pub fn beyond_cache(&self, bytes: usize) -> bool {
+        beyond_cache(self.cache_bytes, bytes)
+    }
+}
+
+/// A call is beyond the cache once its largest user buffer exceeds 1/`CACHE_SHARE` of the
+/// host's last-level cache: the ranks' buffers and windows share it. Where that is the case
+/// algorithms that read or write each byte from memory fewer times win, and inside it they
+/// lose. µs out of place / in place, 2 ranks, 3 alternated runs (session 8, AMD EPYC, 32 MiB
+/// L3: `AMPCCL_ALGO_ALLGATHER=... ampccl-perf -g 2 -o allgather -b 4M -e 32M -f 2 -n 20 -w
+/// 4`), `AllGatherPair` vs `AllGatherRing`: 4 MiB 360/206 vs 256/200, 8 MiB 741/451 vs
+/// 888/370, 16 MiB 1597/952 vs 2142/1192, 32 MiB 3627/2022 vs 4479/2769.
+pub const CACHE_SHARE: usize = 4;
+
+/// Bytes from which a call counts as beyond the cache when the cache's size is unknown.
+pub const MIN_BYTES_UNKNOWN_CACHE: usize = 16 << 20;
+
+/// Whether a call whose largest user buffer holds `bytes` is beyond a last-level cache of
+/// `cache_bytes` (0: unknown), see [`CACHE_SHARE`].
+pub fn beyond_cache(cache_bytes: usize, bytes: usize) -> bool {
+    if cache_bytes == 0 {
+        bytes >= MIN_BYTES_UNKNOWN_CACHE
+    } else {
+        bytes > cache_bytes / CACHE_SHARE
     }
 }
 

@@ -155,6 +155,22 @@ pub trait TaskSink {
         b: Mem,
         count: usize,
     ) -> Result<()>;
+    /// As `reduce`, into the operation's output where nothing reads it again soon (a large
+    /// operation's final pieces): streaming stores where `dst` is disjoint from `a` and `b`.
+    /// How the result is stored changes nothing else, so sinks that only record what tasks do
+    /// may keep this default.
+    fn reduce_out(
+        &mut self,
+        s: StreamId,
+        dtype: DataType,
+        op: ReduceOp,
+        dst: Mem,
+        a: Mem,
+        b: Mem,
+        count: usize,
+    ) -> Result<()> {
+        self.reduce(s, dtype, op, dst, a, b, count)
+    }
     /// `dst /= n` over `count` elements (the end of `Avg`).
     fn finish_avg(
         &mut self,
@@ -198,6 +214,9 @@ pub struct AlgResourceResponse<'a> {
     pub notify_num: usize,
     /// Whether peers can receive straight into user buffers (`rx_async` into `UserOut`).
     pub user_mem_links: bool,
+    /// Bytes of the host's last-level cache (see [`crate::executor::SelectCtx::cache_bytes`]),
+    /// 0 if unknown.
+    pub cache_bytes: usize,
     /// Where the next receive slot in `CclIn` starts (kept across calls, see
     /// [`crate::steps::window`]).
     pub ccl_in_cursor: &'a Cell<usize>,
@@ -206,6 +225,11 @@ pub struct AlgResourceResponse<'a> {
 }
 
 impl AlgResourceResponse<'_> {
+    /// [`crate::executor::beyond_cache`] on this host.
+    pub fn beyond_cache(&self, bytes: usize) -> bool {
+        crate::executor::beyond_cache(self.cache_bytes, bytes)
+    }
+
     /// Whole sends/receives, for executors that do not split the primitives.
     pub fn send(&mut self, s: StreamId, peer: usize, src: Mem, len: usize) -> Result<()> {
         self.tasks.tx_async(s, peer, src, len)?;

@@ -75,6 +75,31 @@ impl StreamSink<'_> {
         self.push(s, t)
     }
 
+    /// A `Reduce` task of `count` elements (`out`: into an output, streaming); none when empty.
+    fn reduce_task(
+        &self,
+        s: StreamId,
+        (dtype, op): (DataType, ReduceOp),
+        (dst, a, b): (Mem, Mem, Mem),
+        count: usize,
+        out: bool,
+    ) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let n = count * dtype.size();
+        let t = Task::Reduce {
+            dtype,
+            op,
+            dst: self.ptr(dst, n)?,
+            a: self.ptr(a, n)?,
+            b: self.ptr(b, n)?,
+            count,
+            out,
+        };
+        self.push(s, t)
+    }
+
     fn push(&self, s: StreamId, t: Task) -> Result<()> {
         let st = self.stream(s)?;
         // SAFETY: every pointer in `t` was resolved by `ptr` inside a region the caller of the
@@ -107,19 +132,20 @@ impl TaskSink for StreamSink<'_> {
         b: Mem,
         count: usize,
     ) -> Result<()> {
-        if count == 0 {
-            return Ok(());
-        }
-        let n = count * dtype.size();
-        let t = Task::Reduce {
-            dtype,
-            op,
-            dst: self.ptr(dst, n)?,
-            a: self.ptr(a, n)?,
-            b: self.ptr(b, n)?,
-            count,
-        };
-        self.push(s, t)
+        self.reduce_task(s, (dtype, op), (dst, a, b), count, false)
+    }
+
+    fn reduce_out(
+        &mut self,
+        s: StreamId,
+        dtype: DataType,
+        op: ReduceOp,
+        dst: Mem,
+        a: Mem,
+        b: Mem,
+        count: usize,
+    ) -> Result<()> {
+        self.reduce_task(s, (dtype, op), (dst, a, b), count, true)
     }
 
     fn finish_avg(

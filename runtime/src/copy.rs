@@ -57,7 +57,8 @@ pub unsafe fn copy_out(dst: *mut u8, src: *const u8, len: usize) {
 }
 
 /// Copies into memory another core reads at once (a peer's window), with plain stores, which
-/// keep the data in the cache for the reader, or streaming stores, whichever measures faster.
+/// keep the data in the cache for the reader, or streaming stores, whichever measures faster
+/// ([`StoreChoice`]).
 ///
 /// Plain stores are the right choice while the two cores hand lines to each other quickly,
 /// and they usually do: a 2-process producer/consumer test (a 512 KiB copy into slots
@@ -66,72 +67,88 @@ pub unsafe fn copy_out(dst: *mut u8, src: *const u8, len: usize) {
 /// vCPUs so that a store to a line the other core has read costs many times more, for tens
 /// of seconds at a time; then the same test takes 155–223 µs with plain stores and 24–30 µs
 /// with streaming ones, which go to memory without taking the line from the other core
-/// (session 10, docs/PERFORMANCE.md). So copies of at least [`SharedCopy::MIN_BYTES`] are
-/// timed and each kind's cost per byte is kept per size class (a power of two); the cheaper
-/// kind serves, and every [`SharedCopy::EXPLORE_PERIOD`] a copy of the class tries the other
-/// kind. A cost takes a lower sample at once and moves a quarter of the way towards a higher
-/// one (at most four times the cost: a copy interrupted by the scheduler is an outlier, not
-/// the store's price), so a kind that turned slow loses within a few copies and one that
-/// turned fast wins at its next try. Shorter copies use plain stores (the timer would cost
-/// more than the choice gains).
-#[derive(Debug)]
+/// (session 10, docs/PERFORMANCE.md).
+#[derive(Debug, Default)]
 pub struct SharedCopy {
-    /// Time base of the exploration clock.
-    epoch: Instant,
-    classes: [SizeClass; SharedCopy::CLASSES],
+    stores: StoreChoice,
 }
 
-/// What [`SharedCopy`] knows about the copies of one size class. Statistics only: relaxed
+impl SharedCopy {
+    /// Copies `len` bytes from `src` to `dst` (see the type's documentation).
+    ///
+    /// # Safety
+    /// As [`copy`].
+    pub unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) {
+        self.stores.run(len, |streaming| {
+            let from = if streaming { 0 } else { usize::MAX };
+            // SAFETY: forwarded.
+            unsafe { copy_streaming_from(dst, src, len, from) }
+        });
+    }
+}
+
+/// Picks plain or streaming stores for writes whose cheaper kind depends on the host's state
+/// at the time, by measuring both. Writes of at least [`StoreChoice::MIN_BYTES`] are timed
+/// and each kind's cost per byte is kept per size class (a power of two); the cheaper kind
+/// serves, and every [`StoreChoice::EXPLORE_PERIOD`] a write of the class tries the other
+/// kind. A cost takes a lower sample at once and moves a quarter of the way towards a higher
+/// one (at most four times the cost: a write interrupted by the scheduler is an outlier, not
+/// the store's price), so a kind that turned slow loses within a few writes and one that
+/// turned fast wins at its next try. Shorter writes use plain stores (the timer would cost
+/// more than the choice gains).
+#[derive(Debug)]
+pub struct StoreChoice {
+    /// Time base of the exploration clock.
+    epoch: Instant,
+    classes: [SizeClass; StoreChoice::CLASSES],
+}
+
+/// What [`StoreChoice`] knows about the writes of one size class. Statistics only: relaxed
 /// atomics, no ordering relied on.
 #[derive(Debug, Default)]
 struct SizeClass {
     /// Cost of each kind, picoseconds per byte, `[plain, streaming]`; 0 while not measured.
     cost: [AtomicU64; 2],
-    /// When a copy of the class last tried the other kind (ns since `epoch`).
+    /// When a write of the class last tried the other kind (ns since `epoch`).
     explored: AtomicU64,
 }
 
-/// The kinds of [`SharedCopy`], indices of the costs.
+/// The kinds of [`StoreChoice`], indices of the costs.
 const PLAIN: usize = 0;
 const STREAMING: usize = 1;
 
-impl Default for SharedCopy {
-    fn default() -> SharedCopy {
-        SharedCopy {
+impl Default for StoreChoice {
+    fn default() -> StoreChoice {
+        StoreChoice {
             epoch: Instant::now(),
             classes: Default::default(),
         }
     }
 }
 
-impl SharedCopy {
-    /// Copies from this size are timed and may use streaming stores.
+impl StoreChoice {
+    /// Writes from this size are timed and may use streaming stores.
     pub const MIN_BYTES: usize = 64 << 10;
     /// How often a size class tries the kind that is not its choice.
     pub const EXPLORE_PERIOD: Duration = Duration::from_millis(10);
     /// Size classes: `[64 KiB, 128 KiB)`, …, the last one from 8 MiB up.
     const CLASSES: usize = 8;
 
-    /// Copies `len` bytes from `src` to `dst` (see the type's documentation).
-    ///
-    /// # Safety
-    /// As [`copy`].
-    pub unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) {
+    /// Runs `write` of `len` bytes, which stores with streaming stores when passed `true`,
+    /// with the kind this choice picks, and learns from its time.
+    pub fn run(&self, len: usize, write: impl FnOnce(bool)) {
         if len < Self::MIN_BYTES {
-            // SAFETY: forwarded.
-            unsafe { copy_streaming_from(dst, src, len, usize::MAX) };
+            write(false);
             return;
         }
         let class = &self.classes[Self::class_of(len)];
         let t0 = Instant::now();
         let kind = class.pick(self.nanos(t0));
-        let stream_from = if kind == STREAMING { 0 } else { usize::MAX };
-        // SAFETY: forwarded.
-        unsafe { copy_streaming_from(dst, src, len, stream_from) };
+        write(kind == STREAMING);
         class.record(kind, len, t0.elapsed());
     }
 
-    /// The size class of a copy of `len >= MIN_BYTES` bytes.
+    /// The size class of a write of `len >= MIN_BYTES` bytes.
     fn class_of(len: usize) -> usize {
         ((len / Self::MIN_BYTES).ilog2() as usize).min(Self::CLASSES - 1)
     }
@@ -157,7 +174,7 @@ impl SizeClass {
         };
         let last = self.explored.load(Ordering::Relaxed);
         let due = streaming == 0
-            || now.saturating_sub(last) >= SharedCopy::EXPLORE_PERIOD.as_nanos() as u64;
+            || now.saturating_sub(last) >= StoreChoice::EXPLORE_PERIOD.as_nanos() as u64;
         if due {
             self.explored.store(now, Ordering::Relaxed);
             1 - best
@@ -191,7 +208,8 @@ unsafe fn copy_streaming_from(dst: *mut u8, src: *const u8, len: usize, min: usi
         // SAFETY: AVX2 is present (checked above); the ranges are the caller's.
         unsafe {
             if len >= min {
-                vector_avx2::<true>(dst, src, len)
+                vector_avx2::<true>(dst, src, len);
+                fence();
             } else {
                 vector_avx2::<false>(dst, src, len)
             }
@@ -203,17 +221,15 @@ unsafe fn copy_streaming_from(dst: *mut u8, src: *const u8, len: usize, min: usi
 }
 
 /// The vector copy: a plain copy up to the first 32-byte boundary of `dst`, aligned 32-byte
-/// stores (four per loop; streaming ones when `STREAM`), a plain copy of the tail, and after
-/// streaming stores an `sfence`.
+/// stores (four per loop; streaming ones when `STREAM`, which the caller then [`fence`]s), and
+/// a plain copy of the tail.
 ///
 /// # Safety
 /// The CPU supports AVX2; the ranges as for [`copy`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn vector_avx2<const STREAM: bool>(dst: *mut u8, src: *const u8, len: usize) {
-    use std::arch::x86_64::{
-        __m256i, _mm_sfence, _mm256_loadu_si256, _mm256_store_si256, _mm256_stream_si256,
-    };
+    use std::arch::x86_64::{__m256i, _mm256_loadu_si256, _mm256_store_si256, _mm256_stream_si256};
     const V: usize = 32;
     /// One aligned 32-byte store, streaming when `STREAM`.
     ///
@@ -263,10 +279,41 @@ unsafe fn vector_avx2<const STREAM: bool>(dst: *mut u8, src: *const u8, len: usi
     }
     // SAFETY: `i <= len`: the rest of both ranges.
     unsafe { std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), len - i) };
-    if STREAM {
-        // Streaming stores are weakly ordered: make them visible before anything that follows.
-        _mm_sfence();
+}
+
+/// Whether [`stream_unfenced`] streams (x86-64 with AVX2).
+pub(crate) fn can_stream() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return std::arch::is_x86_feature_detected!("avx2");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// Copies `len` bytes with streaming stores where [`can_stream`] (else `memcpy`), without the
+/// closing [`fence`]: for callers that stream many pieces and fence once after the last.
+///
+/// # Safety
+/// As [`copy`]; the caller runs [`fence`] before anything that must see the bytes.
+pub(crate) unsafe fn stream_unfenced(dst: *mut u8, src: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if can_stream() {
+        // SAFETY: AVX2 is present (checked above); the ranges are the caller's.
+        unsafe { vector_avx2::<true>(dst, src, len) };
+        return;
     }
+    // SAFETY: the caller's contract.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+}
+
+/// Orders streaming stores (which are weakly ordered) before every later store, as a release
+/// store after a plain copy would be: a completion flag another process polls must not become
+/// visible before the data.
+pub(crate) fn fence() {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `sfence` is part of SSE, in the x86-64 baseline.
+    unsafe {
+        std::arch::x86_64::_mm_sfence()
+    };
 }
 
 #[cfg(test)]
@@ -289,7 +336,7 @@ mod tests {
             VECTOR_MIN - 1,
             VECTOR_MIN,
             VECTOR_MIN + 33,
-            SharedCopy::MIN_BYTES + 65,
+            StoreChoice::MIN_BYTES + 65,
             STREAM_OUT_MIN + 1,
             STREAM_MIN - 1,
             STREAM_MIN,
@@ -324,7 +371,7 @@ mod tests {
         for kind in [PLAIN, STREAMING] {
             // Make `kind` the cheaper one; exploring copies take the other: both run.
             let shared = SharedCopy::default();
-            for class in &shared.classes {
+            for class in &shared.stores.classes {
                 class.cost[kind].store(1, Ordering::Relaxed);
                 class.cost[1 - kind].store(1000, Ordering::Relaxed);
             }
@@ -337,7 +384,7 @@ mod tests {
     #[test]
     fn a_size_class_takes_the_cheaper_kind_and_keeps_trying_the_other() {
         let c = SizeClass::default();
-        let period = SharedCopy::EXPLORE_PERIOD.as_nanos() as u64;
+        let period = StoreChoice::EXPLORE_PERIOD.as_nanos() as u64;
         assert_eq!(c.pick(0), PLAIN);
         c.record(PLAIN, 1 << 20, Duration::from_micros(30));
         assert_eq!(c.pick(1), STREAMING);
@@ -376,9 +423,9 @@ mod tests {
 
     #[test]
     fn size_classes_are_powers_of_two_from_the_minimum() {
-        let m = SharedCopy::MIN_BYTES;
+        let m = StoreChoice::MIN_BYTES;
         let classes: Vec<usize> = [m, 2 * m - 1, 2 * m, 4 * m, 100 * m, usize::MAX]
-            .map(SharedCopy::class_of)
+            .map(StoreChoice::class_of)
             .into();
         assert_eq!(classes, [0, 0, 1, 2, 6, 7]);
     }

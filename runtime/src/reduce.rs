@@ -36,9 +36,11 @@
 //!   sum-then-divide). Integer division truncates toward zero; `f16`/`bf16` divide in `f32` by the
 //!   exact count and round once.
 
+use crate::copy::StoreChoice;
 use crate::dtype::{DataType, Element, ReduceOp};
 use half::{bf16, f16};
 use std::marker::PhantomData;
+use std::sync::LazyLock;
 
 // ---------------------------------------------------------------------------------------------
 // Public entry points
@@ -80,6 +82,84 @@ pub unsafe fn reduce(
         DataType::F64 => go!(f64),
         DataType::Bf16 => go!(bf16),
     }
+}
+
+/// Bytes of the cache-resident block [`reduce_out`] reduces into before streaming it out:
+/// small enough to stay in the first-level cache next to the operands' lines.
+const OUT_BLOCK: usize = 8 << 10;
+
+/// How [`reduce_out`] stores, learnt per process: which kind is cheaper depends on whether
+/// the output's lines are still cached and on how busy the memory is.
+static OUTPUT_STORES: LazyLock<StoreChoice> = LazyLock::new(StoreChoice::default);
+
+/// As [`reduce`], into an operation's output that nothing reads again soon (a large
+/// operation's final pieces). Plain stores to lines that are not cached read each line from
+/// memory first (three bytes of memory traffic per byte written); streaming stores do not.
+/// They lose where the output is still cached, which the caller cannot know for sure, so
+/// where `dst` is disjoint from both operands and the CPU can stream a [`StoreChoice`] picks
+/// the kind by measured cost. Streaming reduces each [`OUT_BLOCK`] into a buffer on the
+/// stack and streams it to `dst`. In place it is [`reduce`]: the lines were just read.
+///
+/// # Safety
+/// As [`reduce`].
+pub unsafe fn reduce_out(
+    dtype: DataType,
+    op: ReduceOp,
+    dst: *mut u8,
+    a: *const u8,
+    b: *const u8,
+    count: usize,
+) {
+    if dst.cast_const() == a || dst.cast_const() == b || !crate::copy::can_stream() {
+        // SAFETY: forwarded.
+        unsafe { reduce(dtype, op, dst, a, b, count) };
+        return;
+    }
+    OUTPUT_STORES.run(count * dtype.size(), |streaming| {
+        // SAFETY (both): forwarded; `dst` is disjoint from `a` and `b` (checked above).
+        unsafe {
+            if streaming {
+                reduce_streaming(dtype, op, dst, a, b, count)
+            } else {
+                reduce(dtype, op, dst, a, b, count)
+            }
+        }
+    });
+}
+
+/// [`reduce`] through a block on the stack, streamed to `dst` ([`reduce_out`]).
+///
+/// # Safety
+/// As [`reduce`], and `dst` disjoint from `a` and `b`.
+unsafe fn reduce_streaming(
+    dtype: DataType,
+    op: ReduceOp,
+    dst: *mut u8,
+    a: *const u8,
+    b: *const u8,
+    count: usize,
+) {
+    /// The block, aligned so that streaming from it reads whole lines.
+    #[repr(C, align(64))]
+    struct Block([u8; OUT_BLOCK]);
+    let mut block = Block([0; OUT_BLOCK]);
+    let size = dtype.size();
+    let per = OUT_BLOCK / size;
+    let mut i = 0;
+    while i < count {
+        let n = per.min(count - i);
+        // SAFETY: `i + n <= count`: the offsets stay inside the caller's ranges; `block` holds
+        // `n * size <= OUT_BLOCK` bytes, is aligned for every element type (64 bytes) and is
+        // disjoint from `a`, `b` and `dst` (it is this frame's); `dst` is disjoint from both
+        // operands (the caller's contract).
+        unsafe {
+            let off = i * size;
+            reduce(dtype, op, block.0.as_mut_ptr(), a.add(off), b.add(off), n);
+            crate::copy::stream_unfenced(dst.add(off), block.0.as_ptr(), n * size);
+        }
+        i += n;
+    }
+    crate::copy::fence();
 }
 
 /// `dst[i] /= n` — the last step of `Avg`.
@@ -867,7 +947,8 @@ mod tests {
         LEVEL.set(Level::Best);
     }
 
-    const COUNTS: [usize; 5] = [0, 1, 7, 1021, 4099];
+    /// Up to several of `reduce_streaming`'s blocks for every element size.
+    const COUNTS: [usize; 6] = [0, 1, 7, 1021, 4099, 2 * OUT_BLOCK + 3];
     const AVG_N: usize = 3;
 
     /// Test-side view of an element type: data generation and a scalar reference.
@@ -998,9 +1079,25 @@ mod tests {
         Shape::AllSame,
     ];
 
-    /// Runs `reduce` (and `finish_avg` for `Avg`) in `shape` at element offset `off` (to start
+    /// A reduction entry point: [`reduce`], [`reduce_out`] or [`reduce_streaming`].
+    type Kernel = unsafe fn(DataType, ReduceOp, *mut u8, *const u8, *const u8, usize);
+
+    /// The entry points and whether each takes operands that alias the destination.
+    const KERNELS: [(&str, Kernel, bool); 3] = [
+        ("reduce", reduce, true),
+        ("reduce_out", reduce_out, true),
+        ("reduce_streaming", reduce_streaming, false),
+    ];
+
+    /// Runs `kernel` (and `finish_avg` for `Avg`) in `shape` at element offset `off` (to start
     /// the slices off vector alignment) and compares every element with the scalar reference.
-    fn check_one<T: TestElem>(rng: &mut u64, op: ReduceOp, count: usize, shape: Shape, off: usize) {
+    fn check_one<T: TestElem>(
+        rng: &mut u64,
+        (name, kernel): (&str, Kernel),
+        op: ReduceOp,
+        count: usize,
+        (shape, off): (Shape, usize),
+    ) {
         let a0: Vec<T> = gen_vec(rng, count + off);
         let b0: Vec<T> = match shape {
             Shape::SameInputs | Shape::AllSame => a0.clone(),
@@ -1011,7 +1108,10 @@ mod tests {
             .zip(&b0[off..])
             .map(|(&a, &b)| T::reference(op, a, b))
             .collect();
-        let what = format!("{:?} {op:?} count={count} {shape:?} off={off}", T::DTYPE);
+        let what = format!(
+            "{name}: {:?} {op:?} count={count} {shape:?} off={off}",
+            T::DTYPE
+        );
         let (mut a, mut b) = (a0.clone(), b0.clone());
         // Sentinel-filled output, one element longer, to catch writes past `count`.
         let mut out: Vec<T> = gen_vec(rng, count + off + 1);
@@ -1019,7 +1119,8 @@ mod tests {
         let (ap, bp) = (a[off..].as_mut_ptr(), b[off..].as_mut_ptr());
         let op_ptr = out[off..].as_mut_ptr();
         // SAFETY: every pointer covers `count` elements of its live vector, aligned for `T`;
-        // `dst` either equals an input exactly or lies in a vector of its own.
+        // `dst` either equals an input exactly (not for `reduce_streaming`) or lies in a vector
+        // of its own.
         unsafe {
             let (d, x, y) = match shape {
                 Shape::Three => (op_ptr, ap, bp),
@@ -1028,7 +1129,7 @@ mod tests {
                 Shape::SameInputs => (op_ptr, ap, ap),
                 Shape::AllSame => (ap, ap, ap),
             };
-            reduce(T::DTYPE, op, d.cast(), x.cast(), y.cast(), count);
+            kernel(T::DTYPE, op, d.cast(), x.cast(), y.cast(), count);
             if op == ReduceOp::Avg {
                 finish_avg(T::DTYPE, d.cast(), count, AVG_N);
             }
@@ -1072,11 +1173,16 @@ mod tests {
 
     fn check_all_once<T: TestElem>() {
         let mut rng = 0x1234_5678 ^ T::DTYPE as u64;
-        for op in ReduceOp::ALL {
-            for count in COUNTS {
-                for shape in SHAPES {
-                    for off in [0, 1] {
-                        check_one::<T>(&mut rng, op, count, shape, off);
+        for (name, kernel, aliasing) in KERNELS {
+            for op in ReduceOp::ALL {
+                for count in COUNTS {
+                    for shape in SHAPES {
+                        if !aliasing && !matches!(shape, Shape::Three | Shape::SameInputs) {
+                            continue;
+                        }
+                        for off in [0, 1] {
+                            check_one::<T>(&mut rng, (name, kernel), op, count, (shape, off));
+                        }
                     }
                 }
             }
@@ -1092,6 +1198,18 @@ mod tests {
     per_dtype!(all_ops_i8: i8, all_ops_u8: u8, all_ops_i32: i32, all_ops_u32: u32,
                all_ops_i64: i64, all_ops_u64: u64, all_ops_f16: f16, all_ops_f32: f32,
                all_ops_f64: f64, all_ops_bf16: bf16);
+
+    /// `reduce_out` of timed sizes is exact with whichever kind it picks (its first calls try
+    /// both: plain stores, then streaming ones, not measured yet).
+    #[test]
+    fn reduce_out_of_timed_sizes_is_exact() {
+        let mut rng = 7;
+        let count = StoreChoice::MIN_BYTES / 4 * 3 + 5;
+        for _ in 0..4 {
+            let kernel: (&str, Kernel) = ("reduce_out", reduce_out);
+            check_one::<f32>(&mut rng, kernel, ReduceOp::Sum, count, (Shape::Three, 1));
+        }
+    }
 
     /// The documented float `Max`/`Min` semantics, identical for every float type and for both
     /// in-place directions: NaN in `a` wins, NaN in `b` is ignored, equal zeros return `a`.

@@ -98,6 +98,9 @@ pub enum Task {
         a: *const u8,
         b: *const u8,
         count: usize,
+        /// Into an operation's output that is not read again soon
+        /// ([`crate::reduce::reduce_out`]: streaming stores).
+        out: bool,
     },
     /// `dst[i] /= n`, the end of `Avg`.
     FinishAvg {
@@ -147,9 +150,15 @@ impl Task {
                 a,
                 b,
                 count,
+                out,
             } => {
+                let f = if *out {
+                    reduce::reduce_out
+                } else {
+                    reduce::reduce
+                };
                 // SAFETY: valid and aligned by the enqueue contract.
-                unsafe { reduce::reduce(*dtype, *op, *dst, *a, *b, *count) };
+                unsafe { f(*dtype, *op, *dst, *a, *b, *count) };
                 Poll::Ready(Ok(()))
             }
             Task::FinishAvg {

@@ -352,6 +352,14 @@ fn allreduce_w2_pair_without_cma() {
     );
 }
 
+/// Beyond the cache the ring reduce-scatter's final reductions may stream into the output
+/// (`reduce_out`, which times plain and streaming stores and tries both): a small assumed
+/// cache puts every case from 16 KiB of input there.
+#[test]
+fn reducescatter_beyond_the_cache() {
+    launch(3, "reduce_scatter", &[("AMPCCL_CACHE_BYTES", "65536")]);
+}
+
 /// The operator picks `AllGatherPair` on 2 ranks only for outputs beyond a share of the
 /// cache; forced, every case runs it (the big count takes several pieces and a short last
 /// one), with and without cross-memory attach (it never needs it).

@@ -17,7 +17,7 @@
 //! streams pieces of [`PIECE`] bytes). The window traffic stays in the cache; each rank moves
 //! 3 bytes through memory per byte of its block instead of about 5. Inside the cache the
 //! extra pass through the window and the streaming stores lose, so the operator hands this
-//! algorithm only messages beyond a share of the cache ([`CACHE_SHARE`]). Needs no links
+//! algorithm only messages beyond the cache ([`crate::executor::CACHE_SHARE`]). Needs no links
 //! into user memory: every transfer lands in a window.
 
 use ampccl_runtime::Result;
@@ -36,16 +36,6 @@ use crate::steps::ring::Ring;
 /// -n 20 -w 4`, the piece size set by a temporary variable): 256 KiB pieces (no streaming)
 /// 1894/1073, 1 MiB 1492/912, 2 MiB 1564/932; 64 MiB: 8603/5843, 7010/4098, 7052/4412.
 pub const PIECE: usize = 1 << 20;
-
-/// The operator hands a 2-rank allgather to this algorithm once its output exceeds
-/// 1/`CACHE_SHARE` of the host's last-level cache. µs out of place / in place, 3 alternated
-/// runs (session 8, AMD EPYC, 32 MiB L3: `AMPCCL_ALGO_ALLGATHER=... ampccl-perf -g 2 -o
-/// allgather -b 4M -e 32M -f 2 -n 20 -w 4`), pair vs ring: 4 MiB 360/206 vs 256/200, 8 MiB
-/// 741/451 vs 888/370, 16 MiB 1597/952 vs 2142/1192, 32 MiB 3627/2022 vs 4479/2769.
-pub const CACHE_SHARE: usize = 4;
-
-/// Output bytes from which the operator picks this algorithm when the cache size is unknown.
-pub const MIN_BYTES_UNKNOWN_CACHE: usize = 16 << 20;
 
 pub struct AllGatherPair;
 

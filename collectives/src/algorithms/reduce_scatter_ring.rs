@@ -8,6 +8,16 @@
 //! elements `[start, start + len)` of every block). `Avg` reduces as `Sum` and divides the
 //! output once at the end. In place (output = input + rank * count) is safe: block `rank` of
 //! the input is read only by the final reduction, which writes it.
+//!
+//! Beyond the cache ([`crate::executor::beyond_cache`] of the input) the final reductions go
+//! through `reduce_out`, which may write the output with streaming stores instead of reading
+//! each line of it from memory first; it times both kinds and keeps the cheaper, because which
+//! one wins depends on how busy this shared host's memory is. 2 ranks, µs out of place, medians
+//! of 9 alternated runs (session 12, AMD EPYC; `ampccl-perf -g 2 -o reducescatter -b 4M -e 64M
+//! -f 2 -n 20 -w 5`), before → after: 16 MiB 1129 → 1163, 32 MiB 2767 → 2548, 64 MiB 6304 →
+//! 5880 (4 and 8 MiB are inside the cache: unchanged). Always streaming lost at 8 MiB (409
+//! against 501) and at 16 MiB while the memory was idle (966 against 1026), and won at 16 MiB
+//! while it was busy (1408 against 1110).
 
 use ampccl_runtime::{ReduceOp, Result};
 
@@ -16,7 +26,7 @@ use crate::op::OpParam;
 use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, MAIN, Mem};
 use crate::steps::blocks::rounds;
 use crate::steps::exchange::copy_own;
-use crate::steps::ring::{self, Layout, Ring, Round};
+use crate::steps::ring::{self, Final, Layout, Ring, Round};
 
 /// Most bytes of a block one round moves: the piece sent from the input, the slot it lands in
 /// and the own input and output pieces of its reduction then stay in a core's cache. µs out of
@@ -42,6 +52,9 @@ impl Executor for ReduceScatterRing {
             // Avg over one rank is the value itself.
             return copy_own(res, p.in_place, 0, 0, n * e);
         }
+        // Beyond the cache the final reductions may stream into the output (in place they
+        // write the input block they read, and `reduce_out` stores plainly).
+        let streamed = res.beyond_cache(n * e * p.world);
         let mut r = Ring::new(p, res, PIECE.min(n * e));
         for (start, len) in rounds(n, r.piece_elems) {
             let out = Mem::of(BufKind::UserOut).add(start * e);
@@ -51,7 +64,8 @@ impl Executor for ReduceScatterRing {
                 base_out: out,
             };
             // After world - 1 steps rank r holds block r + shift: shift 0.
-            ring::reduce_scatter(p, res, &mut r, &round, 0, Some(out))?;
+            let fin = Final { at: out, streamed };
+            ring::reduce_scatter(p, res, &mut r, &round, 0, Some(fin))?;
         }
         if p.op == ReduceOp::Avg {
             res.tasks

@@ -172,7 +172,7 @@ impl Communicator {
         let engine = Engine::new(dev.doorbell(), config.timeout);
         // Spinning only pays when every local rank has a core of its own: otherwise a spinning
         // rank delays the peer that shares its core.
-        let host = host_facts(&boot)?;
+        let host = host_facts(&boot, config.cache_bytes)?;
         let default_spin = if host.oversubscribed {
             Duration::ZERO
         } else {
@@ -549,6 +549,7 @@ impl CommInner {
             stream_num: res.slaves.len(),
             notify_num: res.notifies.len(),
             user_mem_links: ctx.user_mem_links,
+            cache_bytes: ctx.cache_bytes,
             ccl_in_cursor: &cursor,
             tasks: &mut sink,
         };
@@ -620,9 +621,11 @@ struct HostFacts {
     cache_bytes: usize,
 }
 
-/// Gathers every rank's CPU set and last-level cache size; the local ones decide.
-fn host_facts(boot: &Bootstrap) -> Result<HostFacts> {
-    let mut mine = (last_level_cache_bytes() as u64).to_le_bytes().to_vec();
+/// Gathers every rank's CPU set and last-level cache size (`cache_bytes`, else sysfs's); the
+/// local ones decide.
+fn host_facts(boot: &Bootstrap, cache_bytes: Option<usize>) -> Result<HostFacts> {
+    let cache = cache_bytes.unwrap_or_else(last_level_cache_bytes);
+    let mut mine = (cache as u64).to_le_bytes().to_vec();
     mine.extend(cpu_mask());
     let all = boot.allgather(TAG_HOST, &mine)?;
     let here = boot.host_id();

@@ -1,8 +1,7 @@
 //! AllGather operator: mesh (every rank writes to every peer at once, the source documents'
 //! example) while the whole output fits the CCL buffer and messages are small; on 2 ranks the
-//! streaming pair once the output leaves its share of the cache; ring otherwise.
+//! streaming pair once the output is beyond the cache; ring otherwise.
 
-use crate::algorithms::allgather_pair;
 use crate::executor::{Operator, SelectCtx};
 use crate::op::OpParam;
 
@@ -18,11 +17,7 @@ impl Operator for AllGatherOperator {
         if bytes <= MESH_MAX_BYTES && out <= ctx.ccl_size {
             return ("AllGatherMesh", 0);
         }
-        let beyond_cache = match ctx.fits_cache_share(out, allgather_pair::CACHE_SHARE) {
-            Some(fits) => !fits,
-            None => out >= allgather_pair::MIN_BYTES_UNKNOWN_CACHE,
-        };
-        if p.world == 2 && !ctx.oversubscribed && beyond_cache {
+        if p.world == 2 && !ctx.oversubscribed && ctx.beyond_cache(out) {
             ("AllGatherPair", 0)
         } else {
             ("AllGatherRing", 0)
@@ -33,6 +28,7 @@ impl Operator for AllGatherOperator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::executor::{CACHE_SHARE, MIN_BYTES_UNKNOWN_CACHE};
     use crate::op::OpKind;
     use crate::operator::selected;
 
@@ -49,13 +45,13 @@ mod tests {
     #[test]
     fn two_ranks_take_the_pair_once_the_output_leaves_its_share_of_the_cache() {
         let llc = 32 << 20;
-        let share = llc / allgather_pair::CACHE_SHARE;
+        let share = llc / CACHE_SHARE;
         assert_eq!(pick(2, 1024, llc, false), "AllGatherMesh");
         assert_eq!(pick(2, share / 2, llc, false), "AllGatherRing");
         assert_eq!(pick(2, share / 2 + 1, llc, false), "AllGatherPair");
         assert_eq!(pick(2, share / 2 + 1, llc, true), "AllGatherRing");
         assert_eq!(pick(3, share, llc, false), "AllGatherRing");
-        let unknown = allgather_pair::MIN_BYTES_UNKNOWN_CACHE / 2;
+        let unknown = MIN_BYTES_UNKNOWN_CACHE / 2;
         assert_eq!(pick(2, unknown - 1, 0, false), "AllGatherRing");
         assert_eq!(pick(2, unknown, 0, false), "AllGatherPair");
     }

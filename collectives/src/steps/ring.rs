@@ -102,11 +102,20 @@ impl Round {
     }
 }
 
-/// Ring reduce-scatter over the blocks of `round`. Partial sums travel from rank to rank;
-/// the result of block `final_block(rank)` ends in `acc(final)`, where `acc` places block `j`'s
-/// accumulator. With `acc_in_out = true` accumulators are the output blocks (AllReduce),
-/// otherwise partial sums are kept in the receive slot and only the final block is reduced
-/// into `final_out` (ReduceScatter, whose output holds one block).
+/// Where [`reduce_scatter`] leaves a rank's final block when the partial sums stay in the
+/// receive slots.
+#[derive(Clone, Copy, Debug)]
+pub struct Final {
+    pub at: Mem,
+    /// `at` is the operation's output and nothing reads it again soon (a call beyond the
+    /// cache): the final reduction may stream it (`reduce_out`).
+    pub streamed: bool,
+}
+
+/// Ring reduce-scatter over the blocks of `round`. Partial sums travel from rank to rank.
+/// Without `final_out` the accumulators are the output blocks (AllReduce); with it partial
+/// sums are kept in the receive slot and only the final block is reduced into `final_out`
+/// (ReduceScatter, whose output holds one block).
 ///
 /// At step `k` rank `r` sends block `r - k - 1 + shift` and receives `r - k - 2 + shift`; after
 /// `world - 1` steps rank `r` holds block `r + shift` (mod world).
@@ -116,7 +125,7 @@ pub fn reduce_scatter(
     ring: &mut Ring<'_>,
     round: &Round,
     shift: isize,
-    final_out: Option<Mem>,
+    final_out: Option<Final>,
 ) -> Result<()> {
     let e = p.elem();
     let mut prev_slot: Option<Mem> = None;
@@ -141,11 +150,16 @@ pub fn reduce_scatter(
         let last = k == ring.world - 2;
         let dst = match final_out {
             None => round.output(recv_j, e).0,
-            Some(out) if last => out,
+            Some(f) if last => f.at,
             Some(_) => slot,
         };
-        res.tasks
-            .reduce(MAIN, p.dtype, p.op, dst, own, slot, recv_len)?;
+        if final_out.is_some_and(|f| last && f.streamed) {
+            res.tasks
+                .reduce_out(MAIN, p.dtype, p.op, dst, own, slot, recv_len)?;
+        } else {
+            res.tasks
+                .reduce(MAIN, p.dtype, p.op, dst, own, slot, recv_len)?;
+        }
         res.tasks.tx_wait_done(MAIN, ring.next)?;
         prev_slot = Some(slot);
     }

@@ -386,6 +386,7 @@ fn record(job: &RankJob<'_>, cfg: &VerifyConfig) -> Result<RankSim, VerifyError>
             stream_num: req.stream_num,
             notify_num: req.notify_num,
             user_mem_links: cfg.user_mem_links,
+            cache_bytes: 0,
             ccl_in_cursor: &cursor,
             tasks: &mut rec,
         },
