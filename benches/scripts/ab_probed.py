@@ -4,46 +4,50 @@
     python3 benches/scripts/ab_probed.py ROUNDS "ENV_A" "ENV_B" [ampccl-perf args...]
 
 Runs `ampccl-perf -g $G` (G default 2) with ENV_A, then with ENV_B (space-separated K=V, e.g.
-"AMPCCL_SHM_CMA=0"; "X=1" for none), ROUNDS times; binaries $PERF_A and $PERF_B (default
-target/release/ampccl-perf for both). Before and after each pair benches/scripts/handoff_probe.c
-(built into $TMPDIR) measures the host: pairs with a probe over 60 us (a slow spell) are reported
-apart. Prints per size the median [min] time in us, out of place and in place, of A and B.
+"AMPCCL_SHM_CMA=0"; "X=1" for none), ROUNDS times; binaries $PERF_A and $PERF_B (default: the
+build compare_peers.py uses). Before and after each pair compare_peers.py's host probe
+(benches/scripts/handoff_probe.c) runs: pairs during a slow spell are reported apart. Prints per
+size the median [min] time in us, out of place and in place, of A and B.
 """
-import sys, os, subprocess, statistics as st, collections
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(HERE))
-PROBE = os.path.join(os.environ.get("TMPDIR", "/tmp"), "ampccl-handoff-probe")
-subprocess.run(["cc", "-O2", "-o", PROBE, os.path.join(HERE, "handoff_probe.c")], check=True)
-DEFAULT = os.path.join(ROOT, "target", "release", "ampccl-perf")
+import collections, os, statistics, subprocess, sys
 
-R=int(sys.argv[1]); A=sys.argv[2]; B=sys.argv[3]; args=sys.argv[4:]
-G=os.environ.get("G","2")
-def probe():
-    return float(subprocess.run([PROBE],capture_output=True,text=True).stdout.split()[0])
-def run(envs, exe):
-    e=dict(os.environ); 
-    for kv in envs.split():
-        k,v=kv.split("=",1); e[k]=v
-    out=subprocess.run([exe,"-g",G]+args,capture_output=True,text=True,env=e).stdout
-    res={}
-    for l in out.splitlines():
-        f=l.split()
-        if f and f[0].isdigit() and len(f)>=10:
-            res[int(f[0])]=(float(f[5]),float(f[9]))
-    return res
-clean=collections.defaultdict(list); spell=collections.defaultdict(list); ns=0
-for r in range(R):
-    p0=probe()
-    ra=run(A, os.environ.get("PERF_A", DEFAULT)); rb=run(B, os.environ.get("PERF_B", DEFAULT))
-    p1=probe()
-    d = clean if max(p0,p1) < 60 else spell
-    if d is spell: ns+=1
-    for s in ra: d[(s,'A')].append(ra[s]); d[(s,'B')].append(rb[s])
-print(f"A = {A}  B = {B}; {R-ns} clean pairs, {ns} in a spell (median [min], us)")
-f=lambda x: f"{st.median(x):8.1f} [{min(x):.0f}]" if x else "-"
-for name,d in (("clean",clean),("spell",spell)):
-    if not d: continue
-    print(name); print(f"{'bytes':>10} {'A out':>15} {'B out':>15} {'A in':>15} {'B in':>15}")
-    for s in sorted({k[0] for k in d}):
-        a,b=d[(s,'A')],d[(s,'B')]
-        print(f"{s:>10} {f([x[0] for x in a]):>15} {f([x[0] for x in b]):>15} {f([x[1] for x in a]):>15} {f([x[1] for x in b]):>15}")
+from compare_peers import SPELL_US, HostProbe, perf_exe
+
+
+def run(exe, settings, ranks, args):
+    """{bytes: (out-of-place us, in-place us)} of one ampccl-perf run under `settings`."""
+    env = dict(os.environ, **dict(kv.split("=", 1) for kv in settings.split()))
+    out = subprocess.run([exe, "-g", ranks] + args, capture_output=True, text=True, env=env, check=True).stdout
+    rows = (l.split() for l in out.splitlines())
+    return {int(f[0]): (float(f[5]), float(f[9])) for f in rows if len(f) >= 10 and f[0].isdigit()}
+
+
+def main():
+    rounds, a, b, args = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4:]
+    ranks = os.environ.get("G", "2")
+    exe_a, exe_b = os.environ.get("PERF_A", perf_exe()), os.environ.get("PERF_B", perf_exe())
+    probe = HostProbe()
+    times = {"clean": collections.defaultdict(list), "spell": collections.defaultdict(list)}
+    for _ in range(rounds):
+        before = probe.us()
+        ra, rb = run(exe_a, a, ranks, args), run(exe_b, b, ranks, args)
+        kind = "clean" if max(before, probe.us()) < SPELL_US else "spell"
+        for size in ra:
+            times[kind][(size, "A")].append(ra[size])
+            times[kind][(size, "B")].append(rb[size])
+    spells = len(next(iter(times["spell"].values()), []))
+    print(f"A = {a}  B = {b}; {rounds - spells} clean pairs, {spells} in a spell (median [min], us)")
+    cell = lambda xs: f"{statistics.median(xs):8.1f} [{min(xs):.0f}]"
+    for kind, d in times.items():
+        if not d:
+            continue
+        print(kind)
+        print(f"{'bytes':>10} {'A out':>15} {'B out':>15} {'A in':>15} {'B in':>15}")
+        for size in sorted({k[0] for k in d}):
+            pa, pb = d[(size, "A")], d[(size, "B")]
+            cols = [cell([x[i] for x in p]) for i in (0, 1) for p in (pa, pb)]
+            print(f"{size:>10} {cols[0]:>15} {cols[1]:>15} {cols[2]:>15} {cols[3]:>15}")
+
+
+if __name__ == "__main__":
+    main()

@@ -148,17 +148,16 @@ pub fn reduce_scatter(
         res.tasks.rx_wait_done(MAIN, ring.prev, recv_len * e)?;
         let (own, _) = round.input(recv_j, e);
         let last = k == ring.world - 2;
-        let dst = match final_out {
-            None => round.output(recv_j, e).0,
-            Some(f) if last => f.at,
-            Some(_) => slot,
+        let (dst, streamed) = match final_out {
+            None => (round.output(recv_j, e).0, false),
+            Some(f) if last => (f.at, f.streamed),
+            Some(_) => (slot, false),
         };
-        if final_out.is_some_and(|f| last && f.streamed) {
-            res.tasks
-                .reduce_out(MAIN, p.dtype, p.op, dst, own, slot, recv_len)?;
+        let t = &mut *res.tasks;
+        if streamed {
+            t.reduce_out(MAIN, p.dtype, p.op, dst, own, slot, recv_len)?;
         } else {
-            res.tasks
-                .reduce(MAIN, p.dtype, p.op, dst, own, slot, recv_len)?;
+            t.reduce(MAIN, p.dtype, p.op, dst, own, slot, recv_len)?;
         }
         res.tasks.tx_wait_done(MAIN, ring.next)?;
         prev_slot = Some(slot);
