@@ -90,12 +90,25 @@ impl SharedCopy {
 /// Picks plain or streaming stores for writes whose cheaper kind depends on the host's state
 /// at the time, by measuring both. Writes of at least [`StoreChoice::MIN_BYTES`] are timed
 /// and each kind's cost per byte is kept per size class (a power of two); the cheaper kind
-/// serves, and every [`StoreChoice::EXPLORE_PERIOD`] a write of the class tries the other
-/// kind. A cost takes a lower sample at once and moves a quarter of the way towards a higher
-/// one (at most four times the cost: a write interrupted by the scheduler is an outlier, not
-/// the store's price), so a kind that turned slow loses within a few writes and one that
-/// turned fast wins at its next try. Shorter writes use plain stores (the timer would cost
-/// more than the choice gains).
+/// serves, and now and then a write of the class tries the other kind. A cost takes a lower
+/// sample at once and moves a quarter of the way towards a higher one (at most four times the
+/// cost: a write interrupted by the scheduler is an outlier, not the store's price), so a kind
+/// that turned slow loses within a few writes and one that turned fast wins at its next try.
+/// Shorter writes use plain stores (the timer would cost more than the choice gains).
+///
+/// A try is not free: the two kinds' costs are mostly far apart, and which one is far behind
+/// depends on the host's state. Writes into a peer's window (the 128 KiB pieces of a 1 MiB
+/// broadcast) cost 21–25 ps/B plain and 40–960 ps/B streaming while the cores hand lines over
+/// quickly, 300–820 ps/B plain and 32–57 ps/B streaming during a slow spell (session 13). A try
+/// every 10 ms made a 2 MiB broadcast take 84 µs instead of 68 (docs/PERFORMANCE.md). So the
+/// class tries the other kind every [`StoreChoice::EXPLORE_PERIOD`] only while the two are
+/// close (within [`StoreChoice::LOSS`]); each try the other kind loses by more doubles the
+/// wait, up to [`StoreChoice::EXPLORE_PERIOD_MAX`]. The change of state that would make the
+/// other kind win also shows in the serving kind's own cost, which rises many times over:
+/// when it has risen to [`StoreChoice::JUMP`] times what it was at the last lost try (a few
+/// slow writes in a row; one is an outlier, and the next normal write brings the cost back
+/// down), the wait is back to the shortest, so the next write tries the other kind (if a
+/// period has passed since the last try).
 #[derive(Debug)]
 pub struct StoreChoice {
     /// Time base of the exploration clock.
@@ -111,6 +124,11 @@ struct SizeClass {
     cost: [AtomicU64; 2],
     /// When a write of the class last tried the other kind (ns since `epoch`).
     explored: AtomicU64,
+    /// How long after `explored` the next try is due (ns); 0 stands for the shortest wait,
+    /// [`StoreChoice::EXPLORE_PERIOD`].
+    wait: AtomicU64,
+    /// The choice's cost when a try last lost by far.
+    reference: AtomicU64,
 }
 
 /// The kinds of [`StoreChoice`], indices of the costs.
@@ -129,8 +147,15 @@ impl Default for StoreChoice {
 impl StoreChoice {
     /// Writes from this size are timed and may use streaming stores.
     pub const MIN_BYTES: usize = 64 << 10;
-    /// How often a size class tries the kind that is not its choice.
+    /// The shortest wait between two tries of the kind that is not a size class's choice.
     pub const EXPLORE_PERIOD: Duration = Duration::from_millis(10);
+    /// The longest wait between two tries, reached after seven tries lost by far.
+    pub const EXPLORE_PERIOD_MAX: Duration = Duration::from_millis(1280);
+    /// A try loses by far when it costs more than this many times the choice's cost.
+    pub const LOSS: u64 = 2;
+    /// The choice's cost rising to more than this many times what it was when a try last lost
+    /// signals a change of state: the next try is due after the shortest wait.
+    pub const JUMP: u64 = 3;
     /// Size classes: `[64 KiB, 128 KiB)`, …, the last one from 8 MiB up.
     const CLASSES: usize = 8;
 
@@ -143,9 +168,9 @@ impl StoreChoice {
         }
         let class = &self.classes[Self::class_of(len)];
         let t0 = Instant::now();
-        let kind = class.pick(self.nanos(t0));
-        write(kind == STREAMING);
-        class.record(kind, len, t0.elapsed());
+        let pick = class.pick(self.nanos(t0));
+        write(pick.kind == STREAMING);
+        class.record(pick, len, t0.elapsed());
     }
 
     /// The size class of a write of `len >= MIN_BYTES` bytes.
@@ -159,13 +184,23 @@ impl StoreChoice {
     }
 }
 
+/// The kind one write uses, and whether it is a try of the kind that is not the choice.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Pick {
+    kind: usize,
+    trying: bool,
+}
+
 impl SizeClass {
     /// The kind a copy starting at `now` (ns since the epoch) uses: the cheaper one, except
-    /// that a kind not measured yet, or not tried for a period, gets this copy.
-    fn pick(&self, now: u64) -> usize {
+    /// that a kind not measured yet, or not tried for the class's wait, gets this copy.
+    fn pick(&self, now: u64) -> Pick {
         let [plain, streaming] = [PLAIN, STREAMING].map(|k| self.cost[k].load(Ordering::Relaxed));
         if plain == 0 {
-            return PLAIN;
+            return Pick {
+                kind: PLAIN,
+                trying: false,
+            };
         }
         let best = if streaming != 0 && streaming < plain {
             STREAMING
@@ -173,27 +208,52 @@ impl SizeClass {
             PLAIN
         };
         let last = self.explored.load(Ordering::Relaxed);
-        let due = streaming == 0
-            || now.saturating_sub(last) >= StoreChoice::EXPLORE_PERIOD.as_nanos() as u64;
-        if due {
+        let wait = self.wait.load(Ordering::Relaxed);
+        let wait = wait.max(StoreChoice::EXPLORE_PERIOD.as_nanos() as u64);
+        let trying = streaming == 0 || now.saturating_sub(last) >= wait;
+        if trying {
             self.explored.store(now, Ordering::Relaxed);
-            1 - best
-        } else {
-            best
+        }
+        Pick {
+            kind: if trying { 1 - best } else { best },
+            trying,
         }
     }
 
-    /// Folds a copy of `len` bytes of `kind` that took `took` into the kind's cost.
-    fn record(&self, kind: usize, len: usize, took: Duration) {
+    /// Folds a copy of `len` bytes that took `took` into its kind's cost, and sets the wait
+    /// before the next try.
+    fn record(&self, pick: Pick, len: usize, took: Duration) {
         let sample =
             (took.as_nanos().saturating_mul(1000) / len as u128).clamp(1, u64::MAX as u128) as u64;
-        let old = self.cost[kind].load(Ordering::Relaxed);
+        let old = self.cost[pick.kind].load(Ordering::Relaxed);
         let new = if old == 0 || sample <= old {
             sample
         } else {
             old + (sample.min(old.saturating_mul(4)) - old) / 4
         };
-        self.cost[kind].store(new, Ordering::Relaxed);
+        self.cost[pick.kind].store(new, Ordering::Relaxed);
+        if pick.trying {
+            let choice = self.cost[1 - pick.kind].load(Ordering::Relaxed);
+            let wait = if choice != 0 && sample > choice.saturating_mul(StoreChoice::LOSS) {
+                self.reference.store(choice, Ordering::Relaxed);
+                let longer = self.wait.load(Ordering::Relaxed).saturating_mul(2);
+                longer.clamp(
+                    2 * StoreChoice::EXPLORE_PERIOD.as_nanos() as u64,
+                    StoreChoice::EXPLORE_PERIOD_MAX.as_nanos() as u64,
+                )
+            } else {
+                0
+            };
+            self.wait.store(wait, Ordering::Relaxed);
+        } else if new
+            > self
+                .reference
+                .load(Ordering::Relaxed)
+                .saturating_mul(StoreChoice::JUMP)
+            && self.wait.load(Ordering::Relaxed) != 0
+        {
+            self.wait.store(0, Ordering::Relaxed);
+        }
     }
 }
 
@@ -379,30 +439,91 @@ mod tests {
         }
     }
 
+    const MIB: usize = 1 << 20;
+    const fn serve(kind: usize) -> Pick {
+        Pick {
+            kind,
+            trying: false,
+        }
+    }
+    const fn try_(kind: usize) -> Pick {
+        Pick { kind, trying: true }
+    }
+
     /// Plain stores first, streaming ones on the next copy, then the cheaper kind, the other
-    /// one once per exploration period.
+    /// one once per exploration period while the two are close.
     #[test]
     fn a_size_class_takes_the_cheaper_kind_and_keeps_trying_the_other() {
         let c = SizeClass::default();
         let period = StoreChoice::EXPLORE_PERIOD.as_nanos() as u64;
-        assert_eq!(c.pick(0), PLAIN);
-        c.record(PLAIN, 1 << 20, Duration::from_micros(30));
-        assert_eq!(c.pick(1), STREAMING);
-        c.record(STREAMING, 1 << 20, Duration::from_micros(90));
-        assert_eq!((c.pick(2), c.pick(period / 2)), (PLAIN, PLAIN));
-        assert_eq!((c.pick(period + 1), c.pick(period + 2)), (STREAMING, PLAIN));
-        // The plain stores turn slow (the host moved the cores apart): three slow copies make
+        assert_eq!(c.pick(0), serve(PLAIN));
+        c.record(serve(PLAIN), MIB, Duration::from_micros(30));
+        assert_eq!(c.pick(1), try_(STREAMING));
+        c.record(try_(STREAMING), MIB, Duration::from_micros(55));
+        assert_eq!(
+            (c.pick(2), c.pick(period / 2)),
+            (serve(PLAIN), serve(PLAIN))
+        );
+        assert_eq!(
+            (c.pick(period + 1), c.pick(period + 2)),
+            (try_(STREAMING), serve(PLAIN))
+        );
+        c.record(try_(STREAMING), MIB, Duration::from_micros(55));
+        // The plain stores turn slow (the host moved the cores apart): two slow copies make
         // streaming the choice ...
-        for t in 3..5 {
-            c.record(PLAIN, 1 << 20, Duration::from_micros(400));
-            assert_eq!(c.pick(period + t), PLAIN);
-        }
-        c.record(PLAIN, 1 << 20, Duration::from_micros(400));
-        assert_eq!(c.pick(period + 5), STREAMING);
+        c.record(serve(PLAIN), MIB, Duration::from_micros(400));
+        assert_eq!(c.pick(period + 3), serve(PLAIN));
+        c.record(serve(PLAIN), MIB, Duration::from_micros(400));
+        assert_eq!(c.pick(period + 4), serve(STREAMING));
         // ... and one fast plain copy at the next try makes plain the choice again.
-        assert_eq!(c.pick(3 * period), PLAIN);
-        c.record(PLAIN, 1 << 20, Duration::from_micros(31));
-        assert_eq!(c.pick(3 * period + 1), PLAIN);
+        assert_eq!(c.pick(3 * period), try_(PLAIN));
+        c.record(try_(PLAIN), MIB, Duration::from_micros(31));
+        assert_eq!(c.pick(3 * period + 1), serve(PLAIN));
+    }
+
+    /// The first try at or after `from` (ns), stepping a millisecond at a time.
+    fn next_try(c: &SizeClass, from: u64) -> u64 {
+        (0..)
+            .map(|i| from + i * 1_000_000)
+            .find(|&t| c.pick(t).trying)
+            .unwrap()
+    }
+
+    /// Each try that loses by far doubles the wait before the next one, up to the longest; a
+    /// write of the choice that costs several times its cost brings it back to the shortest.
+    #[test]
+    fn tries_that_lose_by_far_back_off_until_the_choice_jumps() {
+        let c = SizeClass::default();
+        let ms = 1_000_000;
+        c.record(c.pick(0), MIB, Duration::from_micros(21));
+        let mut last = next_try(&c, 1);
+        let mut waits = vec![];
+        for _ in 0..9 {
+            c.record(try_(STREAMING), MIB, Duration::from_micros(500));
+            let t = next_try(&c, last);
+            waits.push((t - last) / ms);
+            last = t;
+        }
+        assert_eq!(waits, [20, 40, 80, 160, 320, 640, 1280, 1280, 1280]);
+        assert_eq!(
+            StoreChoice::EXPLORE_PERIOD_MAX.as_millis(),
+            1280,
+            "the documented seven doublings"
+        );
+        c.record(try_(STREAMING), MIB, Duration::from_micros(500));
+        // One slow write of the choice is an outlier ...
+        let slow = Duration::from_micros(210);
+        for took in [slow, Duration::from_micros(21)] {
+            c.record(serve(PLAIN), MIB, took);
+        }
+        let t = next_try(&c, last);
+        assert_eq!(t - last, 1280 * ms);
+        last = t;
+        c.record(try_(STREAMING), MIB, Duration::from_micros(500));
+        // ... two in a row a change of state: the next try comes after the shortest wait.
+        c.record(serve(PLAIN), MIB, slow);
+        c.record(serve(PLAIN), MIB, slow);
+        assert_eq!(next_try(&c, last) - last, 10 * ms);
     }
 
     /// Costs are picoseconds per byte; a lower sample replaces the cost, a higher one moves it
@@ -410,13 +531,13 @@ mod tests {
     #[test]
     fn costs_fall_at_once_and_rise_slowly() {
         let c = SizeClass::default();
-        c.record(PLAIN, 1000, Duration::from_nanos(100));
+        c.record(serve(PLAIN), 1000, Duration::from_nanos(100));
         assert_eq!(c.cost[PLAIN].load(Ordering::Relaxed), 100);
-        c.record(PLAIN, 1000, Duration::from_nanos(300));
+        c.record(serve(PLAIN), 1000, Duration::from_nanos(300));
         assert_eq!(c.cost[PLAIN].load(Ordering::Relaxed), 150);
-        c.record(PLAIN, 1000, Duration::from_millis(5));
+        c.record(serve(PLAIN), 1000, Duration::from_millis(5));
         assert_eq!(c.cost[PLAIN].load(Ordering::Relaxed), 150 + 450 / 4);
-        c.record(PLAIN, 1000, Duration::from_nanos(50));
+        c.record(serve(PLAIN), 1000, Duration::from_nanos(50));
         assert_eq!(c.cost[PLAIN].load(Ordering::Relaxed), 50);
         assert_eq!(c.cost[STREAMING].load(Ordering::Relaxed), 0);
     }
