@@ -68,12 +68,31 @@ pub unsafe fn copy_out(dst: *mut u8, src: *const u8, len: usize) {
 /// of seconds at a time; then the same test takes 155–223 µs with plain stores and 24–30 µs
 /// with streaming ones, which go to memory without taking the line from the other core
 /// (session 10, docs/PERFORMANCE.md).
-#[derive(Debug, Default)]
+///
+/// The writer's time is not the whole price of a streamed line: the reader then takes it from
+/// memory instead of from the writer's cache. Timed at the writer alone, streaming stores cost
+/// 57 ps/B against plain ones' 36 on a 1 MiB broadcast's 128 KiB pieces, but served a fifth of
+/// the writes whenever the plain cost rose for a while, and the broadcast took 37–43 µs instead
+/// of 34–35 with plain stores only (session 13, docs/PERFORMANCE.md). So the choice counts
+/// streaming at [`SharedCopy::STREAMING_WEIGHT`] times its measured cost: in a slow spell
+/// streaming is still many times cheaper.
+#[derive(Debug)]
 pub struct SharedCopy {
     stores: StoreChoice,
 }
 
+impl Default for SharedCopy {
+    fn default() -> SharedCopy {
+        SharedCopy {
+            stores: StoreChoice::new(SharedCopy::STREAMING_WEIGHT),
+        }
+    }
+}
+
 impl SharedCopy {
+    /// How many times its measured cost a streaming write into a peer's window counts.
+    pub const STREAMING_WEIGHT: u64 = 2;
+
     /// Copies `len` bytes from `src` to `dst` (see the type's documentation).
     ///
     /// # Safety
@@ -118,10 +137,12 @@ pub struct StoreChoice {
 
 /// What [`StoreChoice`] knows about the writes of one size class. Statistics only: relaxed
 /// atomics, no ordering relied on.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct SizeClass {
     /// Cost of each kind, picoseconds per byte, `[plain, streaming]`; 0 while not measured.
     cost: [AtomicU64; 2],
+    /// What each kind's cost is multiplied by when the kinds are compared.
+    weight: [u64; 2],
     /// When a write of the class last tried the other kind (ns since `epoch`).
     explored: AtomicU64,
     /// How long after `explored` the next try is due (ns); 0 stands for the shortest wait,
@@ -136,11 +157,9 @@ const PLAIN: usize = 0;
 const STREAMING: usize = 1;
 
 impl Default for StoreChoice {
+    /// A choice by the writer's time alone.
     fn default() -> StoreChoice {
-        StoreChoice {
-            epoch: Instant::now(),
-            classes: Default::default(),
-        }
+        StoreChoice::new(1)
     }
 }
 
@@ -158,6 +177,15 @@ impl StoreChoice {
     pub const JUMP: u64 = 3;
     /// Size classes: `[64 KiB, 128 KiB)`, …, the last one from 8 MiB up.
     const CLASSES: usize = 8;
+
+    /// A choice that counts streaming writes at `streaming_weight` times their measured cost
+    /// (where streamed data costs someone else more than the writer sees).
+    pub fn new(streaming_weight: u64) -> StoreChoice {
+        StoreChoice {
+            epoch: Instant::now(),
+            classes: std::array::from_fn(|_| SizeClass::new(streaming_weight)),
+        }
+    }
 
     /// Runs `write` of `len` bytes, which stores with streaming stores when passed `true`,
     /// with the kind this choice picks, and learns from its time.
@@ -192,6 +220,22 @@ struct Pick {
 }
 
 impl SizeClass {
+    /// A class that knows nothing yet, streaming counted `streaming_weight` times.
+    fn new(streaming_weight: u64) -> SizeClass {
+        SizeClass {
+            cost: Default::default(),
+            weight: [1, streaming_weight],
+            explored: AtomicU64::new(0),
+            wait: AtomicU64::new(0),
+            reference: AtomicU64::new(0),
+        }
+    }
+
+    /// A cost of `kind` as the comparison counts it.
+    fn weighed(&self, kind: usize, cost: u64) -> u64 {
+        cost.saturating_mul(self.weight[kind])
+    }
+
     /// The kind a copy starting at `now` (ns since the epoch) uses: the cheaper one, except
     /// that a kind not measured yet, or not tried for the class's wait, gets this copy.
     fn pick(&self, now: u64) -> Pick {
@@ -202,7 +246,7 @@ impl SizeClass {
                 trying: false,
             };
         }
-        let best = if streaming != 0 && streaming < plain {
+        let best = if streaming != 0 && self.weighed(STREAMING, streaming) < plain {
             STREAMING
         } else {
             PLAIN
@@ -234,7 +278,11 @@ impl SizeClass {
         self.cost[pick.kind].store(new, Ordering::Relaxed);
         if pick.trying {
             let choice = self.cost[1 - pick.kind].load(Ordering::Relaxed);
-            let wait = if choice != 0 && sample > choice.saturating_mul(StoreChoice::LOSS) {
+            let (tried, served) = (
+                self.weighed(pick.kind, sample),
+                self.weighed(1 - pick.kind, choice),
+            );
+            let wait = if choice != 0 && tried > served.saturating_mul(StoreChoice::LOSS) {
                 self.reference.store(choice, Ordering::Relaxed);
                 let longer = self.wait.load(Ordering::Relaxed).saturating_mul(2);
                 longer.clamp(
@@ -454,7 +502,7 @@ mod tests {
     /// one once per exploration period while the two are close.
     #[test]
     fn a_size_class_takes_the_cheaper_kind_and_keeps_trying_the_other() {
-        let c = SizeClass::default();
+        let c = SizeClass::new(1);
         let period = StoreChoice::EXPLORE_PERIOD.as_nanos() as u64;
         assert_eq!(c.pick(0), serve(PLAIN));
         c.record(serve(PLAIN), MIB, Duration::from_micros(30));
@@ -493,7 +541,7 @@ mod tests {
     /// write of the choice that costs several times its cost brings it back to the shortest.
     #[test]
     fn tries_that_lose_by_far_back_off_until_the_choice_jumps() {
-        let c = SizeClass::default();
+        let c = SizeClass::new(1);
         let ms = 1_000_000;
         c.record(c.pick(0), MIB, Duration::from_micros(21));
         let mut last = next_try(&c, 1);
@@ -526,11 +574,30 @@ mod tests {
         assert_eq!(next_try(&c, last) - last, 10 * ms);
     }
 
+    /// A kind counted twice wins only where it costs less than half the other's, and its
+    /// tries lose by far from half of that (`LOSS`) on.
+    #[test]
+    fn a_weighted_kind_counts_its_cost_times_the_weight() {
+        for (weight, wait) in [(1, 10), (2, 20)] {
+            let c = SizeClass::new(weight);
+            c.record(c.pick(0), MIB, Duration::from_micros(30)); // 28 ps/B
+            let t = next_try(&c, 1);
+            c.record(try_(STREAMING), MIB, Duration::from_micros(45)); // 42 ps/B
+            assert_eq!(next_try(&c, t) - t, wait * 1_000_000, "weight {weight}");
+        }
+        let c = SizeClass::new(2);
+        c.record(c.pick(0), MIB, Duration::from_micros(30));
+        c.record(c.pick(1), MIB, Duration::from_micros(20)); // 19 ps/B, counted 38
+        assert_eq!(c.pick(2), serve(PLAIN));
+        c.record(try_(STREAMING), MIB, Duration::from_micros(13)); // 12 ps/B, counted 24
+        assert_eq!(c.pick(3), serve(STREAMING));
+    }
+
     /// Costs are picoseconds per byte; a lower sample replaces the cost, a higher one moves it
     /// a quarter of the way, counting at most four times the cost.
     #[test]
     fn costs_fall_at_once_and_rise_slowly() {
-        let c = SizeClass::default();
+        let c = SizeClass::new(1);
         c.record(serve(PLAIN), 1000, Duration::from_nanos(100));
         assert_eq!(c.cost[PLAIN].load(Ordering::Relaxed), 100);
         c.record(serve(PLAIN), 1000, Duration::from_nanos(300));
