@@ -9,7 +9,7 @@
 //! destination of a multi-megabyte copy does not fit in the cache anyway) and wrong for data
 //! another core reads at once, so only stream tasks' copies and reads out of a peer's window
 //! (which land in their final place) use them; the transports' writes into a peer's window
-//! ([`SharedCopy`]) use them only while they measure faster there. [`copy_out`] streams from
+//! ([`SharedCopy`]) use them only while they measure well ahead there. [`copy_out`] streams from
 //! a smaller size, for callers that know the destination is an operation's output that
 //! nothing reads again soon.
 //!
