@@ -252,8 +252,10 @@ impl SizeClass {
             PLAIN
         };
         let last = self.explored.load(Ordering::Relaxed);
-        let wait = self.wait.load(Ordering::Relaxed);
-        let wait = wait.max(StoreChoice::EXPLORE_PERIOD.as_nanos() as u64);
+        let wait = self
+            .wait
+            .load(Ordering::Relaxed)
+            .max(StoreChoice::EXPLORE_PERIOD.as_nanos() as u64);
         let trying = streaming == 0 || now.saturating_sub(last) >= wait;
         if trying {
             self.explored.store(now, Ordering::Relaxed);
@@ -488,13 +490,15 @@ mod tests {
     }
 
     const MIB: usize = 1 << 20;
-    const fn serve(kind: usize) -> Pick {
+    /// A write of the choice, `kind`.
+    const fn serving(kind: usize) -> Pick {
         Pick {
             kind,
             trying: false,
         }
     }
-    const fn try_(kind: usize) -> Pick {
+    /// A try of `kind`, which is not the choice.
+    const fn trying(kind: usize) -> Pick {
         Pick { kind, trying: true }
     }
 
@@ -504,29 +508,30 @@ mod tests {
     fn a_size_class_takes_the_cheaper_kind_and_keeps_trying_the_other() {
         let c = SizeClass::new(1);
         let period = StoreChoice::EXPLORE_PERIOD.as_nanos() as u64;
-        assert_eq!(c.pick(0), serve(PLAIN));
-        c.record(serve(PLAIN), MIB, Duration::from_micros(30));
-        assert_eq!(c.pick(1), try_(STREAMING));
-        c.record(try_(STREAMING), MIB, Duration::from_micros(55));
+        assert_eq!(c.pick(0), serving(PLAIN));
+        c.record(serving(PLAIN), MIB, Duration::from_micros(30));
+        assert_eq!(c.pick(1), trying(STREAMING));
+        // Dearer, but within `LOSS` times plain: tried again after the shortest wait.
+        c.record(trying(STREAMING), MIB, Duration::from_micros(55));
         assert_eq!(
             (c.pick(2), c.pick(period / 2)),
-            (serve(PLAIN), serve(PLAIN))
+            (serving(PLAIN), serving(PLAIN))
         );
         assert_eq!(
             (c.pick(period + 1), c.pick(period + 2)),
-            (try_(STREAMING), serve(PLAIN))
+            (trying(STREAMING), serving(PLAIN))
         );
-        c.record(try_(STREAMING), MIB, Duration::from_micros(55));
+        c.record(trying(STREAMING), MIB, Duration::from_micros(55));
         // The plain stores turn slow (the host moved the cores apart): two slow copies make
         // streaming the choice ...
-        c.record(serve(PLAIN), MIB, Duration::from_micros(400));
-        assert_eq!(c.pick(period + 3), serve(PLAIN));
-        c.record(serve(PLAIN), MIB, Duration::from_micros(400));
-        assert_eq!(c.pick(period + 4), serve(STREAMING));
+        c.record(serving(PLAIN), MIB, Duration::from_micros(400));
+        assert_eq!(c.pick(period + 3), serving(PLAIN));
+        c.record(serving(PLAIN), MIB, Duration::from_micros(400));
+        assert_eq!(c.pick(period + 4), serving(STREAMING));
         // ... and one fast plain copy at the next try makes plain the choice again.
-        assert_eq!(c.pick(3 * period), try_(PLAIN));
-        c.record(try_(PLAIN), MIB, Duration::from_micros(31));
-        assert_eq!(c.pick(3 * period + 1), serve(PLAIN));
+        assert_eq!(c.pick(3 * period), trying(PLAIN));
+        c.record(trying(PLAIN), MIB, Duration::from_micros(31));
+        assert_eq!(c.pick(3 * period + 1), serving(PLAIN));
     }
 
     /// The first try at or after `from` (ns), stepping a millisecond at a time.
@@ -537,8 +542,9 @@ mod tests {
             .unwrap()
     }
 
-    /// Each try that loses by far doubles the wait before the next one, up to the longest; a
-    /// write of the choice that costs several times its cost brings it back to the shortest.
+    /// Each try that loses by far doubles the wait before the next one, up to the longest; the
+    /// choice's cost rising to `JUMP` times what it was at the last lost try brings the wait
+    /// back to the shortest, a single slow write does not.
     #[test]
     fn tries_that_lose_by_far_back_off_until_the_choice_jumps() {
         let c = SizeClass::new(1);
@@ -547,7 +553,7 @@ mod tests {
         let mut last = next_try(&c, 1);
         let mut waits = vec![];
         for _ in 0..9 {
-            c.record(try_(STREAMING), MIB, Duration::from_micros(500));
+            c.record(trying(STREAMING), MIB, Duration::from_micros(500));
             let t = next_try(&c, last);
             waits.push((t - last) / ms);
             last = t;
@@ -558,19 +564,19 @@ mod tests {
             1280,
             "the documented seven doublings"
         );
-        c.record(try_(STREAMING), MIB, Duration::from_micros(500));
+        c.record(trying(STREAMING), MIB, Duration::from_micros(500));
         // One slow write of the choice is an outlier ...
         let slow = Duration::from_micros(210);
         for took in [slow, Duration::from_micros(21)] {
-            c.record(serve(PLAIN), MIB, took);
+            c.record(serving(PLAIN), MIB, took);
         }
         let t = next_try(&c, last);
         assert_eq!(t - last, 1280 * ms);
         last = t;
-        c.record(try_(STREAMING), MIB, Duration::from_micros(500));
+        c.record(trying(STREAMING), MIB, Duration::from_micros(500));
         // ... two in a row a change of state: the next try comes after the shortest wait.
-        c.record(serve(PLAIN), MIB, slow);
-        c.record(serve(PLAIN), MIB, slow);
+        c.record(serving(PLAIN), MIB, slow);
+        c.record(serving(PLAIN), MIB, slow);
         assert_eq!(next_try(&c, last) - last, 10 * ms);
     }
 
@@ -582,15 +588,15 @@ mod tests {
             let c = SizeClass::new(weight);
             c.record(c.pick(0), MIB, Duration::from_micros(30)); // 28 ps/B
             let t = next_try(&c, 1);
-            c.record(try_(STREAMING), MIB, Duration::from_micros(45)); // 42 ps/B
+            c.record(trying(STREAMING), MIB, Duration::from_micros(45)); // 42 ps/B
             assert_eq!(next_try(&c, t) - t, wait * 1_000_000, "weight {weight}");
         }
         let c = SizeClass::new(2);
         c.record(c.pick(0), MIB, Duration::from_micros(30));
         c.record(c.pick(1), MIB, Duration::from_micros(20)); // 19 ps/B, counted 38
-        assert_eq!(c.pick(2), serve(PLAIN));
-        c.record(try_(STREAMING), MIB, Duration::from_micros(13)); // 12 ps/B, counted 24
-        assert_eq!(c.pick(3), serve(STREAMING));
+        assert_eq!(c.pick(2), serving(PLAIN));
+        c.record(trying(STREAMING), MIB, Duration::from_micros(13)); // 12 ps/B, counted 24
+        assert_eq!(c.pick(3), serving(STREAMING));
     }
 
     /// Costs are picoseconds per byte; a lower sample replaces the cost, a higher one moves it
@@ -598,13 +604,13 @@ mod tests {
     #[test]
     fn costs_fall_at_once_and_rise_slowly() {
         let c = SizeClass::new(1);
-        c.record(serve(PLAIN), 1000, Duration::from_nanos(100));
+        c.record(serving(PLAIN), 1000, Duration::from_nanos(100));
         assert_eq!(c.cost[PLAIN].load(Ordering::Relaxed), 100);
-        c.record(serve(PLAIN), 1000, Duration::from_nanos(300));
+        c.record(serving(PLAIN), 1000, Duration::from_nanos(300));
         assert_eq!(c.cost[PLAIN].load(Ordering::Relaxed), 150);
-        c.record(serve(PLAIN), 1000, Duration::from_millis(5));
+        c.record(serving(PLAIN), 1000, Duration::from_millis(5));
         assert_eq!(c.cost[PLAIN].load(Ordering::Relaxed), 150 + 450 / 4);
-        c.record(serve(PLAIN), 1000, Duration::from_nanos(50));
+        c.record(serving(PLAIN), 1000, Duration::from_nanos(50));
         assert_eq!(c.cost[PLAIN].load(Ordering::Relaxed), 50);
         assert_eq!(c.cost[STREAMING].load(Ordering::Relaxed), 0);
     }
