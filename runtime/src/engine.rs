@@ -2,7 +2,7 @@
 //!
 //! Progress is made by whichever thread holds the driver role (a `try_lock`): a thread waiting
 //! on an event drives inline (MPI style — no hand-off latency for blocking calls), and a
-//! background thread, started only when work is left to run unawaited ([`Engine::kick`] or an
+//! background thread, started only when work is left to run unawaited (`EngineInner::kick` or an
 //! awaited future that could not finish inline), drives while no foreground thread waits.
 //! Idle drivers spin briefly, then yield, then sleep on the engine's [`Doorbell`], which peers
 //! ring when they write to us; so an oversubscribed machine is not burnt by spinning.

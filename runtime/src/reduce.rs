@@ -3,7 +3,7 @@
 //! # Design
 //!
 //! * Each (element type, operator) pair gets its own monomorphized loop: the operator is a
-//!   zero-sized type implementing [`BinOp`], so the loop body is a single inlined expression that
+//!   zero-sized type implementing `BinOp`, so the loop body is a single inlined expression that
 //!   LLVM vectorizes (packed SSE2 on the x86-64 baseline).
 //! * The raw-pointer entry point [`reduce`] turns its pointers into slices before looping, picking
 //!   one of three shapes so that no `&mut` ever aliases another reference: three disjoint slices
@@ -21,7 +21,7 @@
 //!   time with `is_x86_feature_detected!` (the detection result is cached by `std`); `bf16`
 //!   loops get a third variant with AVX-512 BF16 as well. All variants come from the same
 //!   generic source; nothing is written twice. The variant a loop is compiled for is a type
-//!   ([`Isa`]), so code that uses AVX2, F16C or BF16 intrinsics can test for it.
+//!   (`Isa`), so code that uses AVX2, F16C or BF16 intrinsics can test for it.
 //!
 //! # Semantics
 //!
@@ -97,7 +97,7 @@ static OUTPUT_STORES: LazyLock<StoreChoice> = LazyLock::new(StoreChoice::default
 /// memory first (three bytes of memory traffic per byte written); streaming stores do not.
 /// They lose where the output is still cached, which the caller cannot know for sure, so
 /// where `dst` is disjoint from both operands and the CPU can stream a [`StoreChoice`] picks
-/// the kind by measured cost. Streaming reduces each [`OUT_BLOCK`] into a buffer on the
+/// the kind by measured cost. Streaming reduces each `OUT_BLOCK` (8 KiB) into a buffer on the
 /// stack and streams it to `dst`. In place it is [`reduce`]: the lines were just read.
 ///
 /// # Safety
