@@ -9,7 +9,7 @@
 
 use ampccl_runtime::Result;
 
-use crate::algorithms::send::{check_peer, p2p_slots};
+use crate::algorithms::send::{check_peer, p2p_bound};
 use crate::executor::Executor;
 use crate::op::OpParam;
 use crate::resource::{AlgResourceRequest, AlgResourceResponse};
@@ -24,12 +24,12 @@ impl Executor for Recv {
 
     fn orchestrate(&self, p: &OpParam, res: &mut AlgResourceResponse<'_>) -> Result<()> {
         check_peer(p)?;
-        let slots = p2p_slots(res.ccl_in_size);
+        let bound = p2p_bound(res.ccl_in_size);
         let pipe = Pipe {
             from: Some(p.root),
             to: None,
             handshake: true,
-            slots,
+            bound,
         };
         let mut stage = Deliver {
             head: false,
@@ -39,7 +39,7 @@ impl Executor for Recv {
         pipe::relay(
             res,
             &pipe,
-            &slots.chunks(p.count * p.elem(), true),
+            &bound.chunks(p.count * p.elem(), true),
             &mut stage,
         )
     }

@@ -15,14 +15,14 @@ use ampccl_runtime::{Error, Result};
 use crate::executor::Executor;
 use crate::op::OpParam;
 use crate::resource::{AlgResourceRequest, AlgResourceResponse};
-use crate::steps::pipe::{self, Deliver, Pipe, Slots};
+use crate::steps::pipe::{self, ChunkBound, Deliver, Pipe};
 
 pub struct Send;
 
 /// The chunk geometry both halves of a transfer use: bytes, not elements (Send and Recv only
 /// agree on the byte count).
-pub(crate) fn p2p_slots(ccl_in_size: usize) -> Slots {
-    Slots::new(ccl_in_size, 1)
+pub(crate) fn p2p_bound(ccl_in_size: usize) -> ChunkBound {
+    ChunkBound::new(ccl_in_size, 1)
 }
 
 /// A transfer with this rank itself cannot go over a link (the framework pairs it in a group).
@@ -45,12 +45,12 @@ impl Executor for Send {
 
     fn orchestrate(&self, p: &OpParam, res: &mut AlgResourceResponse<'_>) -> Result<()> {
         check_peer(p)?;
-        let slots = p2p_slots(res.ccl_in_size);
+        let bound = p2p_bound(res.ccl_in_size);
         let pipe = Pipe {
             from: None,
             to: Some(p.root),
             handshake: true,
-            slots,
+            bound,
         };
         let mut stage = Deliver {
             head: true,
@@ -60,7 +60,7 @@ impl Executor for Send {
         pipe::relay(
             res,
             &pipe,
-            &slots.chunks(p.count * p.elem(), true),
+            &bound.chunks(p.count * p.elem(), true),
             &mut stage,
         )
     }

@@ -26,9 +26,9 @@ use crate::op::OpParam;
 use crate::resource::{AlgResourceResponse, BufKind, MAIN, Mem};
 use crate::steps::window::Window;
 
-/// Chunks a chain pipeline aims for (see [`Slots::pipelined`]). 16 rather than 8: a shorter
-/// fill and drain; 2-rank broadcast in place, 3 alternated runs each (`ampccl-perf -g 2 -o
-/// broadcast -b 1M -e 64M -f 4 -n 20 -w 5`): 4 MiB 350–362 µs against 361–401, 16 MiB
+/// Chunks a chain pipeline aims for (see [`ChunkBound::pipelined`]). 16 rather than 8: a
+/// shorter fill and drain; 2-rank broadcast in place, 3 alternated runs each (`ampccl-perf -g 2
+/// -o broadcast -b 1M -e 64M -f 4 -n 20 -w 5`): 4 MiB 350–362 µs against 361–401, 16 MiB
 /// 1395–1403 µs against 1422–1430, 64 MiB (chunks capped by the slot either way) unchanged.
 pub const PIPELINE_DEPTH: usize = 16;
 /// Smallest chunk a chain pipeline cuts (below, per-chunk costs dominate). 128 KiB since the
@@ -41,15 +41,15 @@ pub const MIN_PIPELINE_CHUNK: usize = 131072;
 /// The chunk bound of a pipeline: half of the CCL input buffer, whole elements, so that two
 /// chunks fit its [`Window`].
 #[derive(Clone, Copy, Debug)]
-pub struct Slots {
+pub struct ChunkBound {
     /// Most bytes of one chunk.
     pub bytes: usize,
 }
 
-impl Slots {
+impl ChunkBound {
     /// Halves of a `ccl_in_size`-byte buffer holding whole `elem`-byte elements.
-    pub fn new(ccl_in_size: usize, elem: usize) -> Slots {
-        Slots {
+    pub fn new(ccl_in_size: usize, elem: usize) -> ChunkBound {
+        ChunkBound {
             bytes: (ccl_in_size / 2 / elem).max(1) * elem,
         }
     }
@@ -187,7 +187,8 @@ pub struct Pipe {
     pub to: Option<usize>,
     /// Ack each chunk before it is sent (Send/Recv's buffer-free handshake).
     pub handshake: bool,
-    pub slots: Slots,
+    /// The most bytes of one chunk.
+    pub bound: ChunkBound,
 }
 
 /// Runs the relay loop over `chunks` (see the module docs).
@@ -275,7 +276,8 @@ impl Stage for Deliver {
 }
 
 /// A collective along a chain (Broadcast, Reduce): `stage` relays the operation's bytes from
-/// `from` to `to` in pipeline chunks ([`Slots::pipelined`]); on one rank it is a plain copy.
+/// `from` to `to` in pipeline chunks ([`ChunkBound::pipelined`]); on one rank it is a plain
+/// copy.
 pub fn run_chain(
     p: &OpParam,
     res: &mut AlgResourceResponse<'_>,
@@ -290,9 +292,9 @@ pub fn run_chain(
         from,
         to,
         handshake: false,
-        slots: Slots::new(res.ccl_in_size, p.elem()),
+        bound: ChunkBound::new(res.ccl_in_size, p.elem()),
     };
-    let chunks = pipe.slots.pipelined(bytes, p.elem());
+    let chunks = pipe.bound.pipelined(bytes, p.elem());
     relay(res, &pipe, &chunks, stage)
 }
 
@@ -336,7 +338,7 @@ mod tests {
         let c = Chain::new(&p(3, 3));
         assert_eq!(c.from_root(), (None, Some(0)));
         assert_eq!(c.to_root(), (Some(0), None));
-        let s = Slots::new(1000, 8);
+        let s = ChunkBound::new(1000, 8);
         assert_eq!(s.bytes, 496);
         let v = |c: Chunks| c.iter().collect::<Vec<_>>();
         assert_eq!(v(s.chunks(0, true)), vec![(0, 0)]);
