@@ -19,12 +19,13 @@
 //! algorithm only messages beyond the cache ([`crate::executor::CACHE_SHARE`]). Needs no links
 //! into user memory: every transfer lands in a window.
 //!
-//! Out of place the own copy goes first: its streaming stores leave time for the loads to come
-//! from memory, and the send then reads the piece from the cache. Sending first made the send
-//! read from memory while the stores into the peer's window wait for their lines. µs out of
-//! place, 4 clean alternated pairs (session 13; `ab_probed.py 8 X=1 AMPCCL_TMP_SW=1 -o allgather
-//! -b 16M -e 64M -f 2 -n 30 -w 8`, the order set by a temporary variable), send first against
-//! own copy first: 16 MiB 1588 → 1524, 32 MiB 3538 → 3219, 64 MiB 7171 → 6607.
+//! Out of place the own copy goes first: it takes the piece from memory while its streaming
+//! stores go out, and the send then reads the piece from the cache. Sent first, the send read it
+//! from memory, at about twice the cost per byte of the broadcast's sends (session 13,
+//! docs/PERFORMANCE.md). µs out of place, 4 clean alternated pairs (`ab_probed.py 8 X=1
+//! AMPCCL_TMP_SW=1 -o allgather -b 16M -e 64M -f 2 -n 30 -w 8`, the order set by a temporary
+//! variable), send first against own copy first: 16 MiB 1588 → 1524, 32 MiB 3538 → 3219,
+//! 64 MiB 7171 → 6607.
 
 use ampccl_runtime::Result;
 
