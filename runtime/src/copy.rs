@@ -141,8 +141,8 @@ pub struct StoreChoice {
 struct SizeClass {
     /// Cost of each kind, picoseconds per byte, `[plain, streaming]`; 0 while not measured.
     cost: [AtomicU64; 2],
-    /// What each kind's cost is multiplied by when the kinds are compared.
-    weight: [u64; 2],
+    /// What a streaming cost is multiplied by when the kinds are compared (plain counts once).
+    streaming_weight: u64,
     /// When a write of the class last tried the other kind (ns since `epoch`).
     explored: AtomicU64,
     /// How long after `explored` the next try is due (ns); 0 stands for the shortest wait,
@@ -224,7 +224,7 @@ impl SizeClass {
     fn new(streaming_weight: u64) -> SizeClass {
         SizeClass {
             cost: Default::default(),
-            weight: [1, streaming_weight],
+            streaming_weight,
             explored: AtomicU64::new(0),
             wait: AtomicU64::new(0),
             reference: AtomicU64::new(0),
@@ -233,7 +233,11 @@ impl SizeClass {
 
     /// A cost of `kind` as the comparison counts it.
     fn weighed(&self, kind: usize, cost: u64) -> u64 {
-        cost.saturating_mul(self.weight[kind])
+        if kind == STREAMING {
+            cost.saturating_mul(self.streaming_weight)
+        } else {
+            cost
+        }
     }
 
     /// The kind a copy starting at `now` (ns since the epoch) uses: the cheaper one, except

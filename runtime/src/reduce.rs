@@ -800,7 +800,8 @@ fn use_avx2() -> bool {
     std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("f16c")
 }
 
-/// Whether [`dispatch`] takes the AVX-512 BF16 variant for `bf16` jobs (tests can force a lower one).
+/// Whether [`dispatch`] takes the AVX-512 BF16 variant for `bf16` jobs (tests can force a
+/// lower one).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn use_bf16() -> bool {

@@ -6,8 +6,8 @@
 //! through the slots of a [`Window`] of the CCL input buffer and is copied out; then the
 //! transfer is cut into chunks of the slot's size. Each chunk posts its receive before its
 //! send (mismatches are detected instead of deadlocking), and is copied out before the next
-//! chunk's receive is posted (same stream, so stream order guarantees it). Used by the mesh allgather (one stream per peer, a part of the
-//! buffer each) and the pairwise all-to-all.
+//! chunk's receive is posted (same stream, so stream order guarantees it). Used by the mesh
+//! allgather (one stream per peer, a part of the buffer each) and the pairwise all-to-all.
 
 use ampccl_runtime::{Error, Result};
 

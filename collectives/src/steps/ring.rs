@@ -7,7 +7,7 @@
 use ampccl_runtime::Result;
 
 use crate::op::OpParam;
-use crate::resource::{AlgResourceResponse, MAIN, Mem};
+use crate::resource::{AlgResourceResponse, MAIN, Mem, TaskSink};
 use crate::steps::blocks::Blocks;
 use crate::steps::window::{SPAN, Window};
 
@@ -153,12 +153,21 @@ pub fn reduce_scatter(
             Some(f) if last => (f.at, f.streamed),
             Some(_) => (slot, false),
         };
-        let t = &mut *res.tasks;
-        if streamed {
-            t.reduce_out(MAIN, p.dtype, p.op, dst, own, slot, recv_len)?;
+        let reduce = if streamed {
+            <dyn TaskSink>::reduce_out
         } else {
-            t.reduce(MAIN, p.dtype, p.op, dst, own, slot, recv_len)?;
-        }
+            <dyn TaskSink>::reduce
+        };
+        reduce(
+            &mut *res.tasks,
+            MAIN,
+            p.dtype,
+            p.op,
+            dst,
+            own,
+            slot,
+            recv_len,
+        )?;
         res.tasks.tx_wait_done(MAIN, ring.next)?;
         prev_slot = Some(slot);
     }
