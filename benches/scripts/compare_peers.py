@@ -26,6 +26,10 @@ pinned threads of one process with the library's kernels, no transport — the h
 ceiling of any 2-rank implementation here. With it the table adds, per other peer X,
 `2-thread ceiling / X`: the most any 2-rank implementation could gain over X on this machine;
 `ampccl / 2-thread ceiling` is the fraction of the ceiling's speed ampccl reaches.
+
+The peer `shared` is ampccl-perf with `-R 1`: the user buffers in shared user memory
+(`ampccl::SharedBuf`, `ampcclMemAlloc`), which peers write and read directly; its ratio columns
+sit next to ampccl's.
 """
 import argparse, csv, io, os, statistics, subprocess, sys, time
 
@@ -37,10 +41,13 @@ from peer_bench import BUS, HEADER, iterations, parse_size  # noqa: E402
 PEERS_HOME = os.environ.get("PEERS_HOME", os.path.expanduser("~/.cache/ampccl-peers"))
 IMB = {"allreduce": "Allreduce", "allgather": "Allgather", "reducescatter": "Reduce_scatter",
        "broadcast": "Bcast"}
-NAMES = {"ampccl": "ampccl", "impi": "intel-mpi", "ompi": "open-mpi", "gloo": "gloo",
-         "ceiling": "ceiling"}
-TITLES = {"ampccl": "ampccl", "impi": "Intel MPI", "ompi": "Open MPI", "gloo": "Gloo",
-          "ceiling": "2-thread ceiling"}
+NAMES = {"ampccl": "ampccl", "shared": "ampccl-shared", "impi": "intel-mpi", "ompi": "open-mpi",
+         "gloo": "gloo", "ceiling": "ceiling"}
+TITLES = {"ampccl": "ampccl", "shared": "ampccl shared", "impi": "Intel MPI", "ompi": "Open MPI",
+          "gloo": "Gloo", "ceiling": "2-thread ceiling"}
+# The ampccl runs that get ratio columns: heap buffers, and buffers in shared user memory
+# (`ampccl-perf -R 1`, `ampccl::SharedBuf`, which peers write and read directly).
+SUBJECTS = ("ampccl", "shared")
 
 
 BUILDERS = ("rustc", "cc1", "cc1plus", "ld", "cargo", "clippy-driver", "rustdoc")
@@ -131,8 +138,8 @@ def run_perf(head, op, sizes):
     return {s: float(r["time_us"]) for s, r in res.items()}, {s: int(r["wrong"]) for s, r in res.items()}
 
 
-def run_ampccl(op, ranks, sizes):
-    return run_perf(["-g", str(ranks)], op, sizes)
+def run_ampccl(op, ranks, sizes, shared=False):
+    return run_perf(["-g", str(ranks)] + (["-R", "1"] if shared else []), op, sizes)
 
 
 def run_ceiling(op, sizes):
@@ -178,7 +185,8 @@ def main():
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--sizes", default="8,64K,1M,16M,64M")
     ap.add_argument("--peers", default="ampccl,impi,ompi,gloo",
-                    help="comma-separated, in run order: ampccl, impi, ompi, gloo, ceiling")
+                    help="comma-separated, in run order: ampccl, shared (ampccl with -R 1), impi, "
+                         "ompi, gloo, ceiling")
     ap.add_argument("--out-dir", required=True, help="where <peer>.csv (median rows) go")
     ap.add_argument("--wait-quiet", type=int, default=600,
                     help="before each round, wait up to this many seconds for builds to end")
@@ -195,6 +203,7 @@ def main():
     if "ceiling" in peers and a.ranks != 2:
         sys.exit("the ceiling peer models 2 ranks: use --ranks 2")
     runners = {"ampccl": lambda: run_ampccl(a.op, a.ranks, sizes),
+               "shared": lambda: run_ampccl(a.op, a.ranks, sizes, shared=True),
                "impi": lambda: run_impi(a.op, a.ranks, sizes),
                "ompi": lambda: run_bench("mpi", a.op, a.ranks, sizes),
                "gloo": lambda: run_bench("gloo", a.op, a.ranks, sizes),
@@ -249,20 +258,19 @@ def main():
     if "ceiling" in peers:
         print("ampccl / 2-thread ceiling: the fraction of the ceiling's speed ampccl reaches; "
               "2-thread ceiling / X: the most any 2-rank implementation could gain over X\n")
-    others = [p for p in peers if p != "ampccl"]
-    # Peers the ceiling is compared with: neither ampccl (its own column) nor itself.
+    subjects = [p for p in SUBJECTS if p in peers]
+    others = [p for p in peers if p not in SUBJECTS]
+    # Peers the ceiling is compared with: neither an ampccl run (their own columns) nor itself.
     bounded = [p for p in others if p != "ceiling"] if "ceiling" in peers else []
     head = ["bytes"] + [f"{TITLES[p]} (us)" for p in peers]
-    if "ampccl" in peers:
-        head += [f"ampccl / {TITLES[p]}" for p in others]
+    head += [f"{TITLES[a]} / {TITLES[p]}" for a in subjects for p in others]
     head += [f"{TITLES['ceiling']} / {TITLES[p]}" for p in bounded]
     print("| " + " | ".join(head) + " |")
     print("|" + "---:|" * len(head))
     for s in sizes:
         cells = [str(s)] + [f"{med[p][s]:.2f}" if s in med[p] else "—" for p in peers]
-        if "ampccl" in peers:
-            cells += [f"{med[p][s] / med['ampccl'][s]:.2f}x" if s in med[p] and s in med["ampccl"] else "—"
-                      for p in others]
+        cells += [f"{med[p][s] / med[a][s]:.2f}x" if s in med[p] and s in med[a] else "—"
+                  for a in subjects for p in others]
         cells += [f"{med[p][s] / med['ceiling'][s]:.2f}x" if s in med[p] and s in med["ceiling"] else "—"
                   for p in bounded]
         print("| " + " | ".join(cells) + " |")

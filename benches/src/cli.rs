@@ -93,6 +93,10 @@ pub struct SweepArgs {
     /// Check results (0 or 1).
     #[arg(short = 'c', long = "check", default_value_t = 1)]
     pub check: u8,
+    /// User buffers in shared user memory, which peers reach directly (1), or on the heap (0):
+    /// nccl-tests' `-R` (buffer registration), here `ampccl::SharedBuf`.
+    #[arg(short = 'R', long = "registered", default_value_t = 0)]
+    pub registered: u8,
     /// Launch this many local ranks.
     #[arg(short = 'g', long = "ranks")]
     pub ranks: Option<usize>,

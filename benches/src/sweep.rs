@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use ampccl::{Communicator, DataType, Element, ReduceOp, bf16, f16};
+use ampccl::{Communicator, DataType, Element, ReduceOp, SharedBuf, bf16, f16};
 
 use crate::cli::{SweepArgs as Args, Workload, human_bytes};
 use crate::csv::Row;
@@ -163,13 +163,18 @@ fn sweep<T: Num>(
     let print = rank == 0;
     if print {
         println!(
-            "# ampccl-perf {}: {} ranks, transport shm ({}), {} iterations, {} warm-up",
+            "# ampccl-perf {}: {} ranks, transport shm ({}), {} buffers, {} iterations, {} warm-up",
             work.collective,
             n,
             if comm.uses_cross_memory_attach() {
                 "cross-memory attach"
             } else {
                 "bounce buffers"
+            },
+            if args.registered != 0 {
+                "shared"
+            } else {
+                "heap"
             },
             args.iters,
             args.warmup
@@ -339,11 +344,14 @@ fn measure<T: Num>(
     in_place: bool,
 ) -> Result<(f64, usize), String> {
     let (n, rank) = (comm.world(), comm.rank());
-    let input: Vec<T> = (0..cin).map(|i| T::from_f64(value(rank, i))).collect();
-    let mut out = vec![T::from_f64(0.0); cout.max(cin)];
-    let mut buf = input.clone();
-    buf.resize(cout.max(cin), T::from_f64(0.0));
-    let call = |out: &mut Vec<T>, buf: &mut Vec<T>| -> ampccl::Result<()> {
+    let shared = a.registered != 0;
+    let zero = T::from_f64(0.0);
+    let input = Buf::new(cin, shared, |i| T::from_f64(value(rank, i)))?;
+    let mut out = Buf::new(cout.max(cin), shared, |_| zero)?;
+    let mut buf = Buf::new(cout.max(cin), shared, |i| {
+        input.get(i).copied().unwrap_or(zero)
+    })?;
+    let call = |out: &mut Buf<T>, buf: &mut Buf<T>| -> ampccl::Result<()> {
         match (coll, in_place) {
             (Coll::AllReduce, false) => comm.all_reduce(&input, &mut out[..cout], a.work.op),
             (Coll::AllReduce, true) => comm.all_reduce_in_place(&mut buf[..cout], a.work.op),
@@ -371,7 +379,7 @@ fn measure<T: Num>(
             }
         }
     };
-    let reset = |buf: &mut Vec<T>| {
+    let reset = |buf: &mut Buf<T>| {
         let start = match coll {
             Coll::AllGather if in_place => rank * cin,
             _ => 0,
@@ -407,6 +415,42 @@ fn measure<T: Num>(
         wrong = w[0] as usize;
     }
     Ok((t[0], wrong))
+}
+
+/// A user buffer of the sweep: on the heap, or in shared user memory (`-R 1`).
+enum Buf<T: Element> {
+    Heap(Vec<T>),
+    Shared(SharedBuf<T>),
+}
+
+impl<T: Element> Buf<T> {
+    /// `len` elements `f(0), f(1), …`.
+    fn new(len: usize, shared: bool, f: impl FnMut(usize) -> T) -> Result<Buf<T>, String> {
+        Ok(if shared {
+            Buf::Shared(SharedBuf::from_fn(len, f).map_err(|e| e.to_string())?)
+        } else {
+            Buf::Heap((0..len).map(f).collect())
+        })
+    }
+}
+
+impl<T: Element> std::ops::Deref for Buf<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        match self {
+            Buf::Heap(v) => v,
+            Buf::Shared(s) => s,
+        }
+    }
+}
+
+impl<T: Element> std::ops::DerefMut for Buf<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        match self {
+            Buf::Heap(v) => v,
+            Buf::Shared(s) => s,
+        }
+    }
 }
 
 fn reduce_ref(op: ReduceOp, n: usize, i: usize, t: DataType) -> f64 {

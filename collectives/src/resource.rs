@@ -144,6 +144,9 @@ pub trait TaskSink {
     /// As `copy`, into the operation's output where nothing reads it again soon (a large
     /// operation's final pieces): streaming stores from a smaller size.
     fn copy_out(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()>;
+    /// As `copy`, into a window a peer reads at once (a piece staged for an offer): the store
+    /// kind is chosen by measuring, as for writes into a peer's window.
+    fn copy_to_peer(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()>;
     /// `dst = a op b` over `count` elements of `dtype` (`dst` may equal `a` or `b`).
     fn reduce(
         &mut self,
@@ -203,6 +206,26 @@ pub trait TaskSink {
     fn offer_wait_done(&mut self, s: StreamId, peer: usize, len: usize) -> Result<()>;
 }
 
+/// Which of a rank's user buffers peers map (see [`AlgResourceResponse::shared_user`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SharedUser {
+    pub input: bool,
+    pub output: bool,
+}
+
+impl SharedUser {
+    /// Whether peers reach `b` with plain copies (the windows always; user buffers when
+    /// shared).
+    pub fn reaches(self, b: BufKind) -> bool {
+        match b {
+            BufKind::CclIn | BufKind::CclOut => true,
+            BufKind::UserIn => self.input,
+            BufKind::UserOut => self.output,
+            BufKind::Scratch => false,
+        }
+    }
+}
+
 /// The resources handed to an executor's `orchestrate`.
 pub struct AlgResourceResponse<'a> {
     /// Bytes of each CCL buffer (the chunk bound for data routed through them).
@@ -214,6 +237,11 @@ pub struct AlgResourceResponse<'a> {
     pub notify_num: usize,
     /// Whether peers can receive straight into user buffers (`rx_async` into `UserOut`).
     pub user_mem_links: bool,
+    /// Which of this rank's user buffers lie in shared user memory that peers map
+    /// ([`SharedMem`](ampccl_transport::shm::SharedMem)): a receive into one or an offer of
+    /// one costs the peer a plain copy, as a window does. Each rank knows only its own; the
+    /// peer's side of a transfer follows from what the clear-to-send names.
+    pub shared_user: SharedUser,
     /// Bytes of the host's last-level cache (see [`crate::executor::SelectCtx::cache_bytes`]),
     /// 0 if unknown.
     pub cache_bytes: usize,

@@ -6,11 +6,11 @@ use std::sync::Arc;
 pub(crate) use ampccl_runtime::mem::Region;
 use ampccl_runtime::notify::Notify;
 use ampccl_runtime::stream::Stream;
-use ampccl_runtime::task::Task;
+use ampccl_runtime::task::{CopyTo, Task};
 use ampccl_runtime::{DataType, Error, ReduceOp, Result};
 use ampccl_transport::link::Link;
 
-use crate::resource::{BufKind, Mem, NotifyId, StreamId, TaskSink};
+use crate::resource::{BufKind, Mem, NotifyId, SharedUser, StreamId, TaskSink};
 
 /// Enqueues an operation's tasks.
 pub(crate) struct StreamSink<'a> {
@@ -21,6 +21,8 @@ pub(crate) struct StreamSink<'a> {
     pub links: &'a [Option<Arc<Link>>],
     /// Indexed by `BufKind as usize`.
     pub regions: [Region; 5],
+    /// Which user buffers peers map.
+    pub shared_user: SharedUser,
     pub tag: u32,
 }
 
@@ -58,8 +60,8 @@ impl StreamSink<'_> {
             .ok_or_else(|| bug(format!("notify {n} was not requested")))
     }
 
-    /// A `Copy` (or, `out`, a `CopyOut`) task; none for an empty copy or one onto itself.
-    fn copy_task(&self, s: StreamId, dst: Mem, src: Mem, len: usize, out: bool) -> Result<()> {
+    /// A `Copy` task; none for an empty copy or one onto itself.
+    fn copy_task(&self, s: StreamId, dst: Mem, src: Mem, len: usize, to: CopyTo) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
@@ -67,12 +69,7 @@ impl StreamSink<'_> {
         if std::ptr::eq(dst, src) {
             return Ok(());
         }
-        let t = if out {
-            Task::CopyOut { dst, src, len }
-        } else {
-            Task::Copy { dst, src, len }
-        };
-        self.push(s, t)
+        self.push(s, Task::Copy { dst, src, len, to })
     }
 
     /// A `Reduce` task of `count` elements (`out`: into an output, streaming); none when empty.
@@ -115,11 +112,15 @@ fn bug(msg: String) -> Error {
 
 impl TaskSink for StreamSink<'_> {
     fn copy(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()> {
-        self.copy_task(s, dst, src, len, false)
+        self.copy_task(s, dst, src, len, CopyTo::Local)
     }
 
     fn copy_out(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()> {
-        self.copy_task(s, dst, src, len, true)
+        self.copy_task(s, dst, src, len, CopyTo::Output)
+    }
+
+    fn copy_to_peer(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()> {
+        self.copy_task(s, dst, src, len, CopyTo::Peer)
     }
 
     fn reduce(
@@ -202,7 +203,7 @@ impl TaskSink for StreamSink<'_> {
 
     fn rx_async(&mut self, s: StreamId, peer: usize, dst: Mem, len: usize) -> Result<()> {
         let link = self.link(peer)?;
-        if !dst.is_window() && !link.receives_into_user_memory() {
+        if !self.shared_user.reaches(dst.buf) && !link.receives_into_user_memory() {
             return Err(bug(format!(
                 "receive into {:?}, which peers cannot write",
                 dst.buf
@@ -216,7 +217,7 @@ impl TaskSink for StreamSink<'_> {
 
     fn offer_async(&mut self, s: StreamId, peer: usize, src: Mem, len: usize) -> Result<()> {
         let link = self.link(peer)?;
-        if !src.is_window() && !link.receives_into_user_memory() {
+        if !self.shared_user.reaches(src.buf) && !link.receives_into_user_memory() {
             return Err(bug(format!(
                 "offer of {:?}, which peers cannot read",
                 src.buf

@@ -434,6 +434,25 @@ ampcclResult_t ampcclCommUserRank(ampcclComm_t comm, int *rank);
 ampcclResult_t ampcclCommSynchronize(ampcclComm_t comm);
 
 /**
+ * `*ptr` = `size` zero bytes of shared user memory (page-aligned). Any buffer works with any
+ * call; buffers from here let peers write and read them directly (the 2-rank broadcast,
+ * allgather and allreduce) instead of through the communicator's window. Free with
+ * `ampcclMemFree`.
+ *
+ * # Safety
+ * `ptr` is writable.
+ */
+ampcclResult_t ampcclMemAlloc(void **ptr, size_t size);
+
+/**
+ * Frees memory from `ampcclMemAlloc` (NULL: nothing to do). No operation may still use it.
+ *
+ * # Safety
+ * `ptr` is NULL or was returned by `ampcclMemAlloc` and not freed since.
+ */
+ampcclResult_t ampcclMemFree(void *ptr);
+
+/**
  * Creates a stream. Unlike a native ampccl stream it belongs to no communicator: it binds to
  * each communicator on that communicator's first operation on it, and runs everything
  * submitted to it in issue order.

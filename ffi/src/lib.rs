@@ -9,7 +9,7 @@
 //! - [`types`]: result codes, enums, unique id, config, handles.
 //! - [`error`]: error mapping, last error, the panic guard around every entry point.
 //! - `comm`/`comm_api`: communicators; `coll`: collectives; `group`: groups;
-//!   `stream`/`stream_api`: streams and events.
+//!   `stream`/`stream_api`: streams and events; [`mem`]: `ampcclMemAlloc`/`ampcclMemFree`.
 //!
 //! Extensions beyond NCCL's API: `ampcclUniqueIdToString`/`ampcclUniqueIdFromString` (the hex
 //! form of `AMPCCL_UNIQUE_ID`), `ampcclCommSynchronize`, and `timeoutS` in the config.
@@ -21,6 +21,7 @@ mod comm;
 pub mod comm_api;
 pub mod error;
 mod group;
+pub mod mem;
 mod stream;
 pub mod stream_api;
 pub mod types;

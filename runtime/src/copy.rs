@@ -56,6 +56,19 @@ pub unsafe fn copy_out(dst: *mut u8, src: *const u8, len: usize) {
     unsafe { copy_streaming_from(dst, src, len, STREAM_OUT_MIN) }
 }
 
+/// The store choice of [`copy_to_peer`].
+static TO_PEER: std::sync::LazyLock<SharedCopy> = std::sync::LazyLock::new(SharedCopy::default);
+
+/// Copies into memory this rank offers a peer, which the peer reads at once (a piece staged
+/// in the window), as [`SharedCopy`] writes into a peer's window.
+///
+/// # Safety
+/// As [`copy`].
+pub unsafe fn copy_to_peer(dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: forwarded.
+    unsafe { TO_PEER.copy(dst, src, len) }
+}
+
 /// Copies into memory another core reads at once (a peer's window), with plain stores, which
 /// keep the data in the cache for the reader, or streaming stores, whichever measures faster
 /// ([`StoreChoice`]).

@@ -380,6 +380,7 @@ impl Backoff {
 #[cfg(all(test, not(ampccl_loom)))]
 mod tests {
     use super::*;
+    use crate::task::CopyTo;
     use crate::task::Task;
     use std::task::Poll;
 
@@ -400,11 +401,13 @@ mod tests {
                 dst: b.as_mut_ptr(),
                 src: a.as_ptr(),
                 len: 64,
+                to: CopyTo::Local,
             });
             s.enqueue(Task::Copy {
                 dst: c.as_mut_ptr(),
                 src: b.as_ptr(),
                 len: 64,
+                to: CopyTo::Local,
             });
         }
         s.synchronize().unwrap();
@@ -432,11 +435,13 @@ mod tests {
                 dst: dst.as_mut_ptr().cast(),
                 src: mid.as_ptr().cast(),
                 len: 4000,
+                to: CopyTo::Local,
             });
             slave.enqueue(Task::Copy {
                 dst: mid.as_mut_ptr().cast(),
                 src: src.as_ptr().cast(),
                 len: 4000,
+                to: CopyTo::Local,
             });
             slave.enqueue(Task::Record(n.clone()));
         }

@@ -75,20 +75,27 @@ pub trait LinkDriver: Send + Sync {
 /// A host callback task: polled until it returns `Ready`.
 pub type Callback = Box<dyn FnMut() -> Poll<Result<()>> + Send>;
 
+/// Who reads a copy's bytes next, which decides how they are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CopyTo {
+    /// This rank, soon ([`crate::copy::copy`]).
+    Local,
+    /// Nobody soon: an operation's output ([`crate::copy::copy_out`], streaming stores from a
+    /// smaller size).
+    Output,
+    /// A peer, at once: memory staged for a peer to read ([`crate::copy::copy_to_peer`], the
+    /// store kind chosen by measuring, as for writes into a peer's window).
+    Peer,
+}
+
 /// One unit of stream work.
 pub enum Task {
-    /// `len` bytes from `src` to `dst` (non-overlapping).
+    /// `len` bytes from `src` to `dst` (non-overlapping), stored for who reads them next.
     Copy {
         dst: *mut u8,
         src: *const u8,
         len: usize,
-    },
-    /// As `Copy`, into an operation's output that is not read again soon
-    /// ([`crate::copy::copy_out`]: streaming stores from a smaller size).
-    CopyOut {
-        dst: *mut u8,
-        src: *const u8,
-        len: usize,
+        to: CopyTo,
     },
     /// `dst[i] = a[i] op b[i]` over `count` elements (`dst` may equal `a` or `b`).
     Reduce {
@@ -133,14 +140,14 @@ impl Task {
     /// Runs or advances the task.
     pub(crate) fn poll(&mut self) -> Poll<Result<()>> {
         match self {
-            Task::Copy { dst, src, len } => {
+            Task::Copy { dst, src, len, to } => {
+                let f = match to {
+                    CopyTo::Local => crate::copy::copy,
+                    CopyTo::Output => crate::copy::copy_out,
+                    CopyTo::Peer => crate::copy::copy_to_peer,
+                };
                 // SAFETY: valid, non-overlapping by the enqueue contract.
-                unsafe { crate::copy::copy(*dst, *src, *len) };
-                Poll::Ready(Ok(()))
-            }
-            Task::CopyOut { dst, src, len } => {
-                // SAFETY: as for `Copy`.
-                unsafe { crate::copy::copy_out(*dst, *src, *len) };
+                unsafe { f(*dst, *src, *len) };
                 Poll::Ready(Ok(()))
             }
             Task::Reduce {
@@ -203,8 +210,7 @@ impl Task {
 impl fmt::Debug for Task {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Task::Copy { len, .. } => write!(f, "copy of {len} bytes"),
-            Task::CopyOut { len, .. } => write!(f, "copy of {len} bytes into an output"),
+            Task::Copy { len, to, .. } => write!(f, "copy of {len} bytes ({to:?})"),
             Task::Reduce {
                 dtype, op, count, ..
             } => {

@@ -3,9 +3,10 @@
 //! each rank computes locally (see `ampccl_tests::data`). One test per collective and world
 //! size; the big count runs for `f32` and `u8` with `Sum` only, to bound the time on 2 cores.
 
+use std::ops::DerefMut;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use ampccl::{Communicator, ReduceOp};
+use ampccl::{Communicator, ReduceOp, SharedBuf};
 use ampccl_tests::data::{TestElem, check, input, mix, reduced};
 use ampccl_tests::{Outcome, each_dtype, err, init_comm, launch, worker};
 
@@ -73,6 +74,24 @@ fn what<T: TestElem>(
     )
 }
 
+/// Environment variable: `all` puts the buffers of the allreduce, allgather and broadcast cases
+/// in shared user memory ([`SharedBuf`]) on every rank, `odd` on odd ranks only.
+const SHARED_VAR: &str = "AMPCCL_TEST_SHARED";
+
+/// `v`, moved into shared user memory where [`SHARED_VAR`] asks for it on this rank.
+fn place<T: TestElem>(c: &Communicator, v: Vec<T>) -> Box<dyn DerefMut<Target = [T]>> {
+    let shared = match std::env::var(SHARED_VAR).as_deref() {
+        Ok("all") => true,
+        Ok("odd") => c.rank() % 2 == 1,
+        _ => false,
+    };
+    if shared {
+        Box::new(SharedBuf::from_fn(v.len(), |i| v[i]).expect("shared allocation"))
+    } else {
+        Box::new(v)
+    }
+}
+
 /// `mixed`: odd ranks run each case in the other placement (NCCL lets ranks differ).
 fn allreduce<T: TestElem>(c: &Communicator, mixed: bool) -> Outcome {
     let (rank, world) = (c.rank(), c.world());
@@ -82,13 +101,13 @@ fn allreduce<T: TestElem>(c: &Communicator, mixed: bool) -> Outcome {
             let in_place = case_in_place ^ (mixed && rank % 2 == 1);
             let w = what::<T>(c, "allreduce", op, n, in_place);
             let want = reduced::<T>(world, n, op, s);
-            let mine = input::<T>(rank, n, op, s);
+            let mine = place(c, input::<T>(rank, n, op, s));
             if in_place {
                 let mut buf = mine;
                 c.all_reduce_in_place(&mut buf, op).map_err(err(&w))?;
                 check(&w, op, &buf, &want)?;
             } else {
-                let mut recv = vec![T::poison(); n];
+                let mut recv = place(c, vec![T::poison(); n]);
                 c.all_reduce(&mine, &mut recv, op).map_err(err(&w))?;
                 check(&w, op, &recv, &want)?;
                 check(
@@ -110,8 +129,8 @@ fn allgather<T: TestElem>(c: &Communicator) -> Outcome {
             let s = salt(2, n, in_place, 0);
             let w = what::<T>(c, "allgather", op, n, in_place);
             let want: Vec<T> = (0..world).flat_map(|r| input::<T>(r, n, op, s)).collect();
-            let mine = input::<T>(rank, n, op, s);
-            let mut out = vec![T::poison(); n * world];
+            let mine = place(c, input::<T>(rank, n, op, s));
+            let mut out = place(c, vec![T::poison(); n * world]);
             if in_place {
                 out[rank * n..][..n].copy_from_slice(&mine);
                 c.all_gather_in_place(&mut out).map_err(err(&w))?;
@@ -154,7 +173,7 @@ fn broadcast<T: TestElem>(c: &Communicator) -> Outcome {
                 let s = salt(4, n, in_place, root);
                 let w = format!("{} root {root}", what::<T>(c, "broadcast", op, n, in_place));
                 let want = input::<T>(root, n, op, s);
-                let mut out = vec![T::poison(); n];
+                let mut out = place(c, vec![T::poison(); n]);
                 if in_place {
                     if rank == root {
                         out.copy_from_slice(&want);
@@ -162,11 +181,14 @@ fn broadcast<T: TestElem>(c: &Communicator) -> Outcome {
                     c.broadcast(&mut out, root).map_err(err(&w))?;
                 } else {
                     // Non-roots pass no send buffer at all.
-                    let send = if rank == root {
-                        want.clone()
-                    } else {
-                        Vec::new()
-                    };
+                    let send = place(
+                        c,
+                        if rank == root {
+                            want.clone()
+                        } else {
+                            Vec::new()
+                        },
+                    );
                     c.broadcast_from(&send, &mut out, root).map_err(err(&w))?;
                 }
                 check(&w, op, &out, &want)?;
@@ -382,4 +404,40 @@ fn allgather_w2_pair_without_cma() {
             ("AMPCCL_SHM_CMA", "0"),
         ],
     );
+}
+
+/// Buffers in shared user memory on every rank: peers write into the outputs and read from
+/// the inputs directly (the 2-rank broadcast pair, the ring allgather and the pair algorithms
+/// beyond the cache), without cross-memory attach.
+#[test]
+fn shared_buffers_w2() {
+    for scenario in ["broadcast", "allgather", "allreduce"] {
+        launch(2, scenario, &[(SHARED_VAR, "all"), ("AMPCCL_SHM_CMA", "0")]);
+    }
+}
+
+/// Shared buffers on rank 1 only: each rank names its own memory, so the two sides of every
+/// transfer differ (a window on one, user memory on the other); the pair algorithms forced.
+#[test]
+fn shared_buffers_mixed_w2() {
+    for (scenario, env) in [
+        ("broadcast", ("AMPCCL_ALGO_BROADCAST", "BroadcastPair")),
+        ("allgather", ("AMPCCL_ALGO_ALLGATHER", "AllGatherPair")),
+        ("allreduce", ("AMPCCL_ALGO_ALLREDUCE", "AllReducePair")),
+    ] {
+        launch(
+            2,
+            scenario,
+            &[(SHARED_VAR, "odd"), ("AMPCCL_SHM_CMA", "0"), env],
+        );
+    }
+}
+
+/// The ring allgather receives straight into shared outputs on more ranks too (and forwards
+/// from there); the broadcast chain and ring allreduce run as before.
+#[test]
+fn shared_buffers_w3() {
+    for scenario in ["allgather", "broadcast", "allreduce"] {
+        launch(3, scenario, &[(SHARED_VAR, "odd")]);
+    }
 }

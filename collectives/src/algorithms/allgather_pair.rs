@@ -17,7 +17,8 @@
 //! 3 bytes through memory per byte of its block instead of about 5. Inside the cache the
 //! extra pass through the window and the streaming stores lose, so the operator hands this
 //! algorithm only messages beyond the cache ([`crate::executor::CACHE_SHARE`]). Needs no links
-//! into user memory: every transfer lands in a window.
+//! into user memory: every transfer lands in a window, or, where this rank's output is shared
+//! user memory, straight in the output (the peer's piece is then copied once, by the peer).
 //!
 //! Out of place the own copy goes first: it takes the piece from memory while its streaming
 //! stores go out, and the send then reads the piece from the cache. Sent first, the send read it
@@ -64,14 +65,16 @@ impl Executor for AllGatherPair {
         for (start, len) in rounds(p.count, piece) {
             let (off, n) = (start * e, len * e);
             let slot = r.next_slot();
+            let dst = output.add(peer * bytes + off);
+            let at = if res.shared_user.output { dst } else { slot };
             let t = &mut *res.tasks;
-            t.rx_async(MAIN, peer, slot, n)?;
+            t.rx_async(MAIN, peer, at, n)?;
             if !p.in_place {
                 t.copy_out(MAIN, output.add(me * bytes + off), input.add(off), n)?;
             }
             t.tx_async(MAIN, peer, input.add(off), n)?;
             t.rx_wait_done(MAIN, peer, n)?;
-            t.copy_out(MAIN, output.add(peer * bytes + off), slot, n)?;
+            t.copy_out(MAIN, dst, at, n)?;
             t.tx_wait_done(MAIN, peer)?;
         }
         Ok(())

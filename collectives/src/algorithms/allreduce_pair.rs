@@ -59,11 +59,11 @@ impl Executor for AllReducePair {
         let mut r = Ring::new(p, res, res.ccl_out_size.min(p.count.div_ceil(2) * e));
         let piece = r.piece_elems;
         let (input, output) = (Mem::of(BufKind::UserIn), Mem::of(BufKind::UserOut));
-        // In place (links reaching user memory) the result is reduced into the output and
-        // offered from there: the ring's passes, the output cached. Out of place it goes
-        // through `CclOut` (above). The peer reads whichever memory the offer names, so the
-        // two ranks may choose differently.
-        let direct = p.in_place && res.user_mem_links;
+        // In place (links reaching user memory), or with the output in shared user memory,
+        // the result is reduced into the output and offered from there: the ring's passes,
+        // the output cached. Otherwise it goes through `CclOut` (above). The peer reads
+        // whichever memory the offer names, so the two ranks may choose differently.
+        let direct = (p.in_place && res.user_mem_links) || res.shared_user.output;
         let staged = Mem::of(BufKind::CclOut);
         for (start, len) in rounds(p.count, 2 * piece) {
             let halves = Blocks {

@@ -14,6 +14,7 @@ pub mod allreduce_ring;
 pub mod alltoall_pairwise;
 pub mod barrier_mesh;
 pub mod broadcast_chain;
+pub mod broadcast_pair;
 pub mod recv;
 pub mod reduce_chain;
 pub mod reduce_scatter_ring;
@@ -66,6 +67,11 @@ pub fn builtin() -> Vec<(&'static str, OpKind, Arc<dyn Executor>)> {
             "BroadcastChain",
             OpKind::Broadcast,
             Arc::new(broadcast_chain::BroadcastChain),
+        ),
+        (
+            "BroadcastPair",
+            OpKind::Broadcast,
+            Arc::new(broadcast_pair::BroadcastPair),
         ),
         (
             "ReduceChain",

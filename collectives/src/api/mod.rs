@@ -9,10 +9,12 @@
 mod blocking;
 mod call;
 mod nonblocking;
+mod shared;
 
 pub use blocking::Group;
 pub use call::{OpSpec, RawOp};
 pub use nonblocking::{OnStream, OpFuture, StableBuf};
+pub use shared::SharedBuf;
 
 use crate::sink::Region;
 

@@ -12,7 +12,7 @@ use ampccl_runtime::engine::{DEFAULT_SPIN, Engine};
 use ampccl_runtime::mem::HostBuffer;
 use ampccl_runtime::notify::Notify;
 use ampccl_runtime::stream::{Event, Stream};
-use ampccl_runtime::task::Task;
+use ampccl_runtime::task::{CopyTo, Task};
 use ampccl_runtime::{DataType, Error, ReduceOp, Result};
 use ampccl_transport::bootstrap::{Bootstrap, UniqueId};
 use ampccl_transport::link::Link;
@@ -25,7 +25,7 @@ use crate::fasthash::FastMap;
 use crate::op::{OpKind, OpParam};
 use crate::operator;
 use crate::registry::{Entry, Registry};
-use crate::resource::{AlgResourceResponse, BufKind};
+use crate::resource::{AlgResourceResponse, BufKind, SharedUser};
 use crate::sink::{Region, StreamSink, slot};
 
 mod plan;
@@ -490,6 +490,7 @@ impl CommInner {
                             dst: dst.ptr,
                             src: src.ptr,
                             len: src.len,
+                            to: CopyTo::Local,
                         })
                     };
                 }
@@ -531,6 +532,11 @@ impl CommInner {
             len: b,
         };
         regions[slot(BufKind::Scratch)] = res.scratch.region();
+        let shared = |r: Region| r.len > 0 && shm::shared::find(r.ptr, r.len).is_some();
+        let shared_user = SharedUser {
+            input: shared(call.input),
+            output: shared(call.output),
+        };
         self.dev.set_op(&p.to_record());
         let links = self.link_table.lock().unwrap_or_else(|e| e.into_inner());
         let mut sink = StreamSink {
@@ -539,6 +545,7 @@ impl CommInner {
             notifies: &res.notifies,
             links: &links,
             regions,
+            shared_user,
             tag: plan.fingerprint,
         };
         let cursor = Cell::new(self.window_cursor.load(Ordering::Relaxed));
@@ -549,6 +556,7 @@ impl CommInner {
             stream_num: res.slaves.len(),
             notify_num: res.notifies.len(),
             user_mem_links: ctx.user_mem_links,
+            shared_user,
             cache_bytes: ctx.cache_bytes,
             ccl_in_cursor: &cursor,
             tasks: &mut sink,

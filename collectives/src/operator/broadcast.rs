@@ -1,5 +1,15 @@
-//! Broadcast operator: the pipelined chain from the root at every size and rank count
-//! (why the chain beats the alternatives: [`crate::algorithms::broadcast_chain`]).
+//! Broadcast operator: on 2 ranks the pair, in which root and receiver share the copying
+//! ([`crate::algorithms::broadcast_pair`]); otherwise the pipelined chain from the root (why the
+//! chain beats the alternatives there: [`crate::algorithms::broadcast_chain`]).
+//!
+//! The pair is chosen whether or not the buffers are shared user memory (each rank knows only
+//! its own, and both must run the same algorithm). Against the chain, with ordinary buffers, 5
+//! clean alternated pairs, µs out of place / in place (session 14; `PERF_A=x PERF_B=x python3
+//! benches/scripts/ab_probed.py 5 X=1 AMPCCL_TMP_BP=1 -o broadcast -b 32K -e 16M -f 2 -n 200 -w
+//! 50`, the choice set by a temporary variable), chain vs pair: 32 KiB 4.6/4.6 vs 2.2/2.1,
+//! 256 KiB 12.3/9.8 vs 11.5/7.4, 1 MiB 56.2/34.5 vs 59.1/34.5, 4 MiB 214/130 vs 239/133,
+//! 16 MiB 1867/723 vs 1875/793; in slow spells of the host alike. With both ranks' buffers
+//! shared the pair takes 4 MiB in 57 µs in place (docs/PERFORMANCE.md, "Session 14").
 
 use crate::executor::{Operator, SelectCtx};
 use crate::op::OpParam;
@@ -7,7 +17,11 @@ use crate::op::OpParam;
 pub struct BroadcastOperator;
 
 impl Operator for BroadcastOperator {
-    fn select_alg(&self, _p: &OpParam, _ctx: &SelectCtx) -> (&'static str, u64) {
-        ("BroadcastChain", 0)
+    fn select_alg(&self, p: &OpParam, _ctx: &SelectCtx) -> (&'static str, u64) {
+        if p.world == 2 {
+            ("BroadcastPair", 0)
+        } else {
+            ("BroadcastChain", 0)
+        }
     }
 }

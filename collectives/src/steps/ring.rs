@@ -175,7 +175,8 @@ pub fn reduce_scatter(
 }
 
 /// Ring allgather over the output blocks of `round`: rank `r` starts owning block
-/// `r + shift`; after `world - 1` steps every rank has every block in the output.
+/// `r + shift`; after `world - 1` steps every rank has every block in the output. Blocks land
+/// in a slot and are copied out, or straight in the output where that is shared user memory.
 pub fn all_gather(
     p: &OpParam,
     res: &mut AlgResourceResponse<'_>,
@@ -192,10 +193,17 @@ pub fn all_gather(
         let (src, send_len) = round.output(send_j, e);
         let bytes = recv_len * e;
         let slot = ring.next_slot();
-        res.tasks.rx_async(MAIN, ring.prev, slot, bytes)?;
+        // Straight into the output where peers map it (no copy out; `copy` skips a copy onto
+        // itself).
+        let at = if res.shared_user.reaches(dst.buf) {
+            dst
+        } else {
+            slot
+        };
+        res.tasks.rx_async(MAIN, ring.prev, at, bytes)?;
         res.tasks.tx_async(MAIN, ring.next, src, send_len * e)?;
         res.tasks.rx_wait_done(MAIN, ring.prev, bytes)?;
-        res.tasks.copy(MAIN, dst, slot, bytes)?;
+        res.tasks.copy(MAIN, dst, at, bytes)?;
         res.tasks.tx_wait_done(MAIN, ring.next)?;
     }
     Ok(())

@@ -28,7 +28,7 @@ use crate::executor::{Executor, SelectCtx};
 use crate::op::{OpKind, OpParam};
 use crate::operator;
 use crate::registry::{Entry, Registry};
-use crate::resource::AlgResourceResponse;
+use crate::resource::{AlgResourceResponse, SharedUser};
 
 mod check;
 mod race;
@@ -52,6 +52,9 @@ pub struct VerifyConfig {
     pub ccl_size: usize,
     /// Whether receives may target user memory (`rx_async` into `UserOut`/`Scratch`).
     pub user_mem_links: bool,
+    /// Ranks whose user buffers lie in shared user memory (bit `r` for rank `r`, see
+    /// [`AlgResourceResponse::shared_user`]).
+    pub shared_ranks: u64,
     /// Outstanding receives per direction (the link FIFO depth).
     pub fifo_depth: usize,
     /// Where the receive slots in `CclIn` start (earlier calls of a communicator move it, see
@@ -64,6 +67,7 @@ impl Default for VerifyConfig {
         VerifyConfig {
             ccl_size: 16 << 10,
             user_mem_links: false,
+            shared_ranks: 0,
             fifo_depth: 256,
             window_cursor: 0,
         }
@@ -368,13 +372,18 @@ fn record(job: &RankJob<'_>, cfg: &VerifyConfig) -> Result<RankSim, VerifyError>
         linked[peer] = true;
     }
     let layout = Layout::new(&p, cfg.ccl_size, req.scratch_mem_size);
+    let shared = cfg.shared_ranks >> r & 1 != 0;
+    let shared_user = SharedUser {
+        input: shared,
+        output: shared,
+    };
     let mut rec = Recorder::new(
         p,
         &layout,
         req.stream_num,
         req.notify_num,
         linked,
-        cfg.user_mem_links,
+        (cfg.user_mem_links, shared_user),
     );
     let cursor = Cell::new(cfg.window_cursor);
     let result = job.exec.orchestrate(
@@ -386,6 +395,7 @@ fn record(job: &RankJob<'_>, cfg: &VerifyConfig) -> Result<RankSim, VerifyError>
             stream_num: req.stream_num,
             notify_num: req.notify_num,
             user_mem_links: cfg.user_mem_links,
+            shared_user,
             cache_bytes: 0,
             ccl_in_cursor: &cursor,
             tasks: &mut rec,

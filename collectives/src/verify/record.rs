@@ -8,7 +8,7 @@ use ampccl_runtime::{DataType, Error, ReduceOp, Result};
 
 use super::{Reject, VerifyError};
 use crate::op::{OpKind, OpParam};
-use crate::resource::{BufKind, Mem, NotifyId, StreamId, TaskSink};
+use crate::resource::{BufKind, Mem, NotifyId, SharedUser, StreamId, TaskSink};
 
 /// Names of the simulated memories (index = [`Layout::mem`]).
 pub(crate) const MEM_NAMES: [&str; 5] = ["UserIn", "UserOut", "CclIn", "CclOut", "Scratch"];
@@ -198,6 +198,7 @@ pub(crate) struct Recorder<'a> {
     pub param: OpParam,
     pub layout: &'a Layout,
     pub user_mem_links: bool,
+    pub shared_user: SharedUser,
     /// Tasks per stream (`0` = main).
     pub streams: Vec<Vec<Op>>,
     pub notify_num: usize,
@@ -216,13 +217,14 @@ impl<'a> Recorder<'a> {
         stream_num: usize,
         notify_num: usize,
         linked: Vec<bool>,
-        user_mem_links: bool,
+        (user_mem_links, shared_user): (bool, SharedUser),
     ) -> Recorder<'a> {
         Recorder {
             rank: param.rank,
             param,
             layout,
             user_mem_links,
+            shared_user,
             streams: vec![Vec::new(); stream_num + 1],
             notify_num,
             waits: vec![0; notify_num],
@@ -350,7 +352,7 @@ impl<'a> Recorder<'a> {
             read,
         };
         self.link(s, &op, peer)?;
-        if !mem.is_window() && !self.user_mem_links {
+        if !self.shared_user.reaches(mem.buf) && !self.user_mem_links {
             let msg = if read {
                 format!("offer of {:?}, which peers cannot read", mem.buf)
             } else {
@@ -389,6 +391,10 @@ impl<'a> Recorder<'a> {
 impl TaskSink for Recorder<'_> {
     fn copy_out(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()> {
         // How the bytes are stored does not change what the simulation sees.
+        self.copy(s, dst, src, len)
+    }
+
+    fn copy_to_peer(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()> {
         self.copy(s, dst, src, len)
     }
 

@@ -74,6 +74,9 @@ fn params(kind: OpKind, world: usize) -> Vec<OpParam> {
     v
 }
 
+/// `(user_mem_links, shared_ranks)` of every verification.
+const SETUPS: [(bool, u64); 4] = [(false, 0), (true, 0), (false, u64::MAX), (false, 1)];
+
 /// Verifies every entry of `kind`; returns `(name, passed, skipped)` per entry.
 fn verify_kind(kind: OpKind) -> Vec<(&'static str, usize, usize)> {
     let reg = Registry::builtin();
@@ -83,11 +86,14 @@ fn verify_kind(kind: OpKind) -> Vec<(&'static str, usize, usize)> {
         let (mut passed, mut skipped) = (0, 0);
         for world in 2..=8 {
             for p in params(kind, world) {
-                for user_mem_links in [false, true] {
+                // Links into any user memory; or user buffers in shared memory on every rank,
+                // or on rank 0 only (each rank decides from its own buffers).
+                for (user_mem_links, shared_ranks) in SETUPS {
                     // Receive slots from wherever earlier calls left the cursor.
                     let cfg = VerifyConfig {
                         ccl_size: CCL,
                         user_mem_links,
+                        shared_ranks,
                         fifo_depth: 256,
                         window_cursor: (p.count * 24 + world * 8) % CCL,
                     };
@@ -100,7 +106,7 @@ fn verify_kind(kind: OpKind) -> Vec<(&'static str, usize, usize)> {
                             skipped += 1
                         }
                         Err(e) => failures.push(format!(
-                            "{} on {} (world {world}, rank {}, in_place {}, uml {user_mem_links}): {e}",
+                            "{} on {} (world {world}, rank {}, in_place {}, uml {user_mem_links}, shared {shared_ranks:#x}): {e}",
                             entry.name,
                             p.describe(),
                             p.rank,
@@ -167,6 +173,7 @@ fn reduce_scatter_algorithms() {
 fn broadcast_algorithms() {
     let r = verify_kind(OpKind::Broadcast);
     assert_runs_everywhere(&r, "BroadcastChain");
+    assert_refuses_most(&r, "BroadcastPair");
 }
 
 #[test]

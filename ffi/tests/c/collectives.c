@@ -95,7 +95,24 @@ static void allreduce(ampcclComm_t c, ampcclStream_t s, ampcclDataType_t t, int 
   free(a), free(b);
 }
 
-static void collectives(ampcclComm_t c, ampcclStream_t s, size_t n) {
+/* Zeroed int32 buffer: from ampcclMemAlloc (shared user memory, which peers write and read
+ * directly) or from calloc. */
+static int32_t *alloc_i32(size_t count, int shared) {
+  if (!shared) return calloc(count, 4);
+  void *p = NULL;
+  CHECK(ampcclMemAlloc(&p, count * 4));
+  return p;
+}
+
+static void release(int32_t *p, int shared) {
+  if (shared) {
+    CHECK(ampcclMemFree(p));
+  } else {
+    free(p);
+  }
+}
+
+static void collectives(ampcclComm_t c, ampcclStream_t s, size_t n, int shared) {
   ampcclDataType_t all[] = {ampcclInt8, ampcclUint8, ampcclInt32, ampcclUint32,
                             ampcclInt64, ampcclUint64, ampcclFloat32, ampcclFloat64};
   for (int k = 0; k < 8; k++) allreduce(c, s, all[k], ampcclSum, n);
@@ -105,7 +122,7 @@ static void collectives(ampcclComm_t c, ampcclStream_t s, size_t n) {
   allreduce(c, s, ampcclFloat64, ampcclAvg, n);
 
   size_t W = (size_t)world, N = n * W + 1;
-  int32_t *x = calloc(N, 4), *y = calloc(N, 4);
+  int32_t *x = alloc_i32(N, shared), *y = alloc_i32(N, shared);
   /* allgather, out of place then in place (input = output + rank * n) */
   for (size_t i = 0; i < n; i++) x[i] = rank * 1000 + (int32_t)i;
   CHECK(ampcclAllGather(x, y, n, ampcclInt32, c, s));
@@ -156,7 +173,7 @@ static void collectives(ampcclComm_t c, ampcclStream_t s, size_t n) {
   CHECK(ampcclGroupEnd());
   CHECK(ampcclStreamSynchronize(s));
   for (size_t i = 0; i < n; i++) EXPECT(y[i] == prev * 10 + (int32_t)i);
-  free(x), free(y);
+  release(x, shared), release(y, shared);
 }
 
 static void expect_err(ampcclResult_t got, ampcclResult_t want, const char *needle) {
@@ -186,6 +203,11 @@ static void errors(ampcclComm_t c, ampcclStream_t s) {
   memset(&id, 0, sizeof id);
   expect_err(ampcclCommInitRankConfig(&nc, 2, id, 0, &bad), ampcclInvalidArgument, "magic");
   expect_err(ampcclCommInitRank(&nc, 2, id, 0), ampcclInvalidArgument, "unique id");
+  void *p = NULL;
+  expect_err(ampcclMemAlloc(NULL, 8), ampcclInvalidArgument, "NULL");
+  expect_err(ampcclMemAlloc(&p, 0), ampcclInvalidArgument, "size is 0");
+  expect_err(ampcclMemFree(f), ampcclInvalidArgument, "not allocated by ampcclMemAlloc");
+  CHECK(ampcclMemFree(NULL));
   EXPECT(strcmp(ampcclGetErrorString(ampcclSuccess), "no error") == 0);
   EXPECT(strstr(ampcclGetErrorString(ampcclInvalidArgument), "invalid argument") != NULL);
   EXPECT(strstr(ampcclGetErrorString((ampcclResult_t)99), "unknown") != NULL);
@@ -218,7 +240,10 @@ int main(void) {
   CHECK(ampcclStreamCreate(&s));
   CHECK(ampcclStreamCreate(&s2));
   size_t counts[] = {0, 1, 13, 1031};
-  for (int k = 0; k < 4; k++) collectives(comm, s, counts[k]);
+  for (int k = 0; k < 4; k++) collectives(comm, s, counts[k], 0);
+  /* Shared buffers: a broadcast of 300001 int32 takes the pair's pushes and pulls. */
+  collectives(comm, s, 1031, 1);
+  collectives(comm, s, 300001, 1);
   errors(comm, s);
 
   /* NULL stream + ampcclCommSynchronize; events across two streams */

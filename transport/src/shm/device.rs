@@ -1,6 +1,7 @@
 //! The shared-memory [`RmaDevice`]: every rank maps every peer's segment; a one-sided write is a
-//! single copy into the peer's registered window (or, with cross-memory attach, straight into
-//! the peer's user buffer), the immediate and the CTS are atomic stores into the peer's control
+//! single copy into the peer's registered window or its shared user memory
+//! ([`SharedMem`](super::SharedMem), mapped here at first use; or, with cross-memory attach,
+//! straight into the peer's user buffer), the immediate and the CTS are atomic stores into the peer's control
 //! block, and each of them rings the peer's doorbell.
 
 use std::sync::atomic::Ordering;
@@ -16,6 +17,7 @@ use super::layout::*;
 use super::segment::Segment;
 use crate::device::{CtsEntry, EagerHeader, IMM_ERROR, RmaDevice};
 use crate::shm::cma;
+use crate::shm::shared::{self, PeerMaps};
 
 /// Longest a failing rank waits for peers' accesses to its user memory to finish.
 pub const USER_ACCESS_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
@@ -36,6 +38,8 @@ pub struct ShmDevice {
     /// The copy of writes into each peer's window (index = rank).
     stores: Vec<SharedCopy>,
     cma: bool,
+    /// Peers' shared user memory mapped here.
+    peer_maps: PeerMaps,
     /// Turns a peer's operation record (see [`ShmDevice::set_op`]) into text.
     op_formatter: OnceLock<OpFormatter>,
 }
@@ -87,6 +91,7 @@ impl ShmDevice {
             bells,
             stores: (0..segs_len).map(|_| SharedCopy::default()).collect(),
             cma,
+            peer_maps: PeerMaps::default(),
             op_formatter: OnceLock::new(),
         }
     }
@@ -158,6 +163,35 @@ impl ShmDevice {
         Ok(())
     }
 
+    /// Runs `f`, an access to `peer`'s user memory, announced to the peer: its buffers may be
+    /// handed back to its application once it fails, so the access is counted, then the
+    /// peer's failure flag checked (the peer sets the flag, then waits for announced accesses
+    /// to finish: `mark_failed`).
+    fn user_access(&self, peer: usize, f: impl FnOnce() -> Result<()>) -> Result<()> {
+        let v = &self.views[peer];
+        v.u32(H_USER_ACCESSES).fetch_add(1, Ordering::SeqCst);
+        let r = if v.u32(H_FAILED).load(Ordering::SeqCst) != 0 {
+            Err(Error::Remote(format!(
+                "{} failed before its buffer was accessed",
+                self.peer_desc(peer)
+            )))
+        } else {
+            f().map_err(|e| {
+                // A peer killed during the transfer is a dead peer, not a system error.
+                if process_alive(self.pids[peer]) {
+                    e
+                } else {
+                    Error::Remote(format!(
+                        "{} died while this rank accessed its buffer",
+                        self.peer_desc(peer)
+                    ))
+                }
+            })
+        };
+        v.u32(H_USER_ACCESSES).fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+
     fn mine(&self) -> &View {
         &self.views[self.rank]
     }
@@ -210,52 +244,34 @@ impl ShmDevice {
                 local(unsafe { v.base.add(off) });
                 Ok(())
             }
-            KEY_USER => {
-                // The peer's user buffer may be handed back to its application once the peer
-                // fails: announce the access, then check the peer's failure flag (the peer sets
-                // the flag, then waits for announced accesses to finish — `mark_failed`).
-                let v = &self.views[peer];
-                v.u32(H_USER_ACCESSES).fetch_add(1, Ordering::SeqCst);
-                let r = if v.u32(H_FAILED).load(Ordering::SeqCst) != 0 {
-                    Err(Error::Remote(format!(
-                        "{} failed before its buffer was accessed",
-                        self.peer_desc(peer)
-                    )))
-                } else if self.pids[peer] == std::process::id() {
+            KEY_USER => self.user_access(peer, || {
+                if self.pids[peer] == std::process::id() {
                     // A rank of this same process (thread mode): its address is ours.
                     local(addr as usize as *mut u8);
-                    Ok(())
-                } else {
-                    let (pid, remote) = (self.pids[peer], addr as usize);
-                    match dir {
-                        cma::Direction::Write => {
-                            // SAFETY: `buf` valid for `len` reads by contract.
-                            let data = unsafe { std::slice::from_raw_parts(buf, len) };
-                            cma::write(pid, data, remote)
-                        }
-                        cma::Direction::Read => {
-                            // SAFETY: `buf` valid for `len` writes by contract and borrowed by
-                            // nothing else while the slice lives.
-                            let data = unsafe { std::slice::from_raw_parts_mut(buf, len) };
-                            cma::read(pid, data, remote)
-                        }
+                    return Ok(());
+                }
+                let (pid, remote) = (self.pids[peer], addr as usize);
+                match dir {
+                    cma::Direction::Write => {
+                        // SAFETY: `buf` valid for `len` reads by contract.
+                        let data = unsafe { std::slice::from_raw_parts(buf, len) };
+                        cma::write(pid, data, remote)
                     }
-                    .map_err(|e| {
-                        // A peer killed during the transfer is a dead peer, not a system
-                        // error.
-                        if process_alive(self.pids[peer]) {
-                            e
-                        } else {
-                            Error::Remote(format!(
-                                "{} died while this rank accessed its buffer",
-                                self.peer_desc(peer)
-                            ))
-                        }
-                    })
-                };
-                v.u32(H_USER_ACCESSES).fetch_sub(1, Ordering::SeqCst);
-                r
-            }
+                    cma::Direction::Read => {
+                        // SAFETY: `buf` valid for `len` writes by contract and borrowed by
+                        // nothing else while the slice lives.
+                        let data = unsafe { std::slice::from_raw_parts_mut(buf, len) };
+                        cma::read(pid, data, remote)
+                    }
+                }
+            }),
+            k if k & shared::KEY_BASE != 0 => self.user_access(peer, || {
+                let m =
+                    self.peer_maps
+                        .resolve(self.pids[peer], k, addr, len, &self.peer_desc(peer))?;
+                local(m.ptr());
+                Ok(())
+            }),
             k => Err(Error::Remote(format!(
                 "{} sent unknown memory key {k}",
                 self.peer_desc(peer)
@@ -279,6 +295,11 @@ impl RmaDevice for ShmDevice {
             && off + len <= wlen
         {
             return Some((KEY_WINDOW, (self.layout.window_off() + off) as u64));
+        }
+        if len > 0
+            && let Some(f) = shared::find(ptr, len)
+        {
+            return Some((shared::key_of(&f), shared::addr_of(&f)));
         }
         self.cma.then_some((KEY_USER, ptr as u64))
     }

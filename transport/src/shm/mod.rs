@@ -4,7 +4,8 @@
 //!   stale ones swept);
 //! - [`cma`]: cross-memory attach (`process_vm_writev`) and its probe;
 //! - [`layout`]: what a rank's segment holds; [`connect`]: setup; [`device`]: the data path
-//!   (an [`RmaDevice`](crate::device::RmaDevice)).
+//!   (an [`RmaDevice`](crate::device::RmaDevice));
+//! - [`shared`]: user buffers in memory peers map ([`SharedMem`]), reached with plain copies.
 
 pub mod cma;
 pub mod connect;
@@ -13,6 +14,8 @@ pub mod layout;
 #[cfg(all(test, not(ampccl_loom)))]
 mod notify_test;
 pub mod segment;
+pub mod shared;
 
 pub use connect::{ShmConfig, connect};
 pub use device::ShmDevice;
+pub use shared::SharedMem;

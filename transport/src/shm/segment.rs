@@ -325,7 +325,7 @@ impl Drop for Segment {
 /// (`MAP_POPULATE`): a window's first pass otherwise takes a page fault per page in every
 /// process that maps it, which made the first 50 or so 64 KiB broadcasts of a job 8× slower
 /// than the rest (session 10, docs/PERFORMANCE.md).
-fn map(name: &str, fd: &rustix::fd::OwnedFd, len: usize) -> Result<NonNull<u8>> {
+pub(super) fn map(name: &str, fd: &rustix::fd::OwnedFd, len: usize) -> Result<NonNull<u8>> {
     // SAFETY: a fresh mapping at a kernel-chosen address (null hint) cannot overlap any existing
     // Rust object; the fd stays open for the duration of the call.
     let ptr = unsafe {

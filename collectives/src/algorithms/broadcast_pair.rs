@@ -1,0 +1,155 @@
+//! `BroadcastPair`: a 2-rank broadcast in which the root pushes half of the chunks and the
+//! receiver pulls the other half, so that the two cores copy at once.
+//!
+//! ```text
+//! chunks in pairs j = (push 2j, pull 2j+1):
+//!   root:     offer(pull 0) ; for j: tx(push j) ; offer(pull j+1) ; own copies ; waits
+//!   receiver: rx(push 0)    ; for j: rx(push j+1) ; read(pull j) ; waits ; copy out (push j)
+//! ```
+//! A push chunk is written by the root into the memory the receiver's clear-to-send names: its
+//! output where that lies in shared user memory ([`SharedMem`]), else a slot of its window,
+//! copied out afterwards. A pull chunk is read by the receiver, straight into its output, from
+//! the memory the root's offer names: the root's input where that is shared, else a slot of the
+//! root's window the root copied the chunk into first. Which memory is named is each rank's own
+//! choice; the pattern of transfers is the same on both, so mixed setups match.
+//!
+//! With both ranks' buffers shared, every byte is copied once and the two halves are copied at
+//! the same time, as two threads of one process would (the 2-thread ceiling of
+//! docs/PERFORMANCE.md). Without, the root still writes every byte into shared memory (half
+//! into the receiver's window, half into its own) and the receiver copies every byte out, as in
+//! the chain ([`super::broadcast_chain`]), with the same pipelining: the transfers of pair
+//! `j + 1` are posted before pair `j` is waited for, and pair `j + 2` reuses pair `j`'s slots
+//! only after pair `j` completed.
+//!
+//! [`SharedMem`]: ampccl_transport::shm::SharedMem
+
+use ampccl_runtime::Result;
+
+use crate::executor::Executor;
+use crate::op::OpParam;
+use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, MAIN, Mem};
+use crate::steps::pipe::{ChunkBound, Chunks, copy_through};
+use crate::steps::window::Window;
+
+pub struct BroadcastPair;
+
+impl Executor for BroadcastPair {
+    fn calc_res_request(&self, p: &OpParam) -> AlgResourceRequest {
+        AlgResourceRequest::ring(p.rank, p.world)
+    }
+
+    fn orchestrate(&self, p: &OpParam, res: &mut AlgResourceResponse<'_>) -> Result<()> {
+        let bytes = p.count * p.elem();
+        if p.world == 1 {
+            return copy_through(p, res, bytes);
+        }
+        let peer = p.pair_peer("BroadcastPair")?;
+        let chunks = ChunkBound::new(res.ccl_in_size, p.elem()).pipelined(bytes, p.elem());
+        let pairs = Pairs { chunks };
+        if p.rank == p.root {
+            root(p, res, peer, &pairs)
+        } else {
+            receiver(res, peer, &pairs)
+        }
+    }
+}
+
+/// The chunks of a message, taken two at a time.
+struct Pairs {
+    chunks: Chunks,
+}
+
+impl Pairs {
+    fn len(&self) -> usize {
+        self.chunks.len().div_ceil(2)
+    }
+
+    /// `(off, len)` of pair `j`'s push chunk.
+    fn push(&self, j: usize) -> (usize, usize) {
+        self.chunks.get(2 * j)
+    }
+
+    /// `(off, len)` of pair `j`'s pull chunk, if it has one.
+    fn pull(&self, j: usize) -> Option<(usize, usize)> {
+        (2 * j + 1 < self.chunks.len()).then(|| self.chunks.get(2 * j + 1))
+    }
+
+    /// The largest chunk (the slot size).
+    fn slot_bytes(&self) -> usize {
+        self.push(0).1
+    }
+}
+
+fn root(p: &OpParam, res: &mut AlgResourceResponse<'_>, peer: usize, pairs: &Pairs) -> Result<()> {
+    let input = Mem::of(BufKind::UserIn);
+    let output = Mem::of(BufKind::UserOut);
+    let shared = res.shared_user.input;
+    let window = Window::new(res, pairs.slot_bytes().max(1));
+    // Offers the pull chunk of pair `j` (staged through slot `j` unless the input is shared).
+    let offer = |res: &mut AlgResourceResponse<'_>, j: usize| -> Result<()> {
+        let Some((off, len)) = pairs.pull(j) else {
+            return Ok(());
+        };
+        let at = if shared {
+            input.add(off)
+        } else {
+            let slot = window.slot(j);
+            res.tasks.copy_to_peer(MAIN, slot, input.add(off), len)?;
+            slot
+        };
+        res.tasks.offer_async(MAIN, peer, at, len)
+    };
+    if pairs.len() > 0 {
+        offer(res, 0)?;
+    }
+    for j in 0..pairs.len() {
+        let (off, len) = pairs.push(j);
+        res.tasks.tx_async(MAIN, peer, input.add(off), len)?;
+        if j + 1 < pairs.len() {
+            offer(res, j + 1)?;
+        }
+        if !p.in_place {
+            res.tasks.copy(MAIN, output.add(off), input.add(off), len)?;
+            if let Some((off, len)) = pairs.pull(j) {
+                res.tasks.copy(MAIN, output.add(off), input.add(off), len)?;
+            }
+        }
+        res.tasks.tx_wait_done(MAIN, peer)?;
+        if let Some((_, len)) = pairs.pull(j) {
+            res.tasks.offer_wait_done(MAIN, peer, len)?;
+        }
+    }
+    Ok(())
+}
+
+fn receiver(res: &mut AlgResourceResponse<'_>, peer: usize, pairs: &Pairs) -> Result<()> {
+    let output = Mem::of(BufKind::UserOut);
+    let direct = res.shared_user.output;
+    let window = Window::new(res, pairs.slot_bytes().max(1));
+    // Where pair `j`'s push chunk lands.
+    let at = |j: usize| {
+        if direct {
+            output.add(pairs.push(j).0)
+        } else {
+            window.slot(j)
+        }
+    };
+    if pairs.len() > 0 {
+        let (_, len) = pairs.push(0);
+        res.tasks.rx_async(MAIN, peer, at(0), len)?;
+    }
+    for j in 0..pairs.len() {
+        if j + 1 < pairs.len() {
+            let (_, len) = pairs.push(j + 1);
+            res.tasks.rx_async(MAIN, peer, at(j + 1), len)?;
+        }
+        if let Some((off, len)) = pairs.pull(j) {
+            res.tasks.read_async(MAIN, peer, output.add(off), len)?;
+            res.tasks.tx_wait_done(MAIN, peer)?;
+        }
+        let (off, len) = pairs.push(j);
+        res.tasks.rx_wait_done(MAIN, peer, len)?;
+        res.tasks.copy(MAIN, output.add(off), at(j), len)?;
+    }
+    Ok(())
+}
