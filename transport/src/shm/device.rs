@@ -1,8 +1,8 @@
 //! The shared-memory [`RmaDevice`]: every rank maps every peer's segment; a one-sided write is a
 //! single copy into the peer's registered window or its shared user memory
 //! ([`SharedMem`](super::SharedMem), mapped here at first use; or, with cross-memory attach,
-//! straight into the peer's user buffer), the immediate and the CTS are atomic stores into the peer's control
-//! block, and each of them rings the peer's doorbell.
+//! straight into the peer's user buffer), the immediate and the CTS are atomic stores into the
+//! peer's control block, and each of them rings the peer's doorbell.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, OnceLock};
