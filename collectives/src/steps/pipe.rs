@@ -198,7 +198,13 @@ pub fn relay(
     chunks: &Chunks,
     stage: &mut dyn Stage,
 ) -> Result<()> {
-    let window = Window::new(res, chunks.chunk);
+    // Slots of the first chunk's size, not the bound's: a message shorter than the bound then
+    // rotates over more slots (see `Window`). 3 ranks, broadcast, 4 alternated pairs, µs out of
+    // place / in place, bound-sized against message-sized slots (session 14, both runs in slow
+    // spells of the host; `PERF_A=old PERF_B=new G=3 python3 benches/scripts/ab_probed.py 4 X=1
+    // X=1 -o broadcast -b 4K -e 256K -f 4 -n 300 -w 50`): 4 KiB 9.0/8.6 → 5.9/6.7, 16 KiB
+    // 19.9/20.1 → 16.7/16.8, 64 and 256 KiB alike; the 2-rank reduce alike.
+    let window = Window::new(res, chunks.get(0).1.max(1));
     let post = |res: &mut AlgResourceResponse<'_>, stage: &dyn Stage, c: usize| -> Result<()> {
         let Some(from) = pipe.from else {
             return Ok(());
