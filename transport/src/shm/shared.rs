@@ -302,12 +302,16 @@ impl PeerMaps {
     }
 }
 
-/// Maps allocation `id` of process `pid`, held open there as `fd`, after checking that the
-/// descriptor names that allocation.
+/// Maps allocation `id` of process `pid`, held open there as `fd`, after checking that the file
+/// opened is that allocation (checked on our own descriptor, so a descriptor the owner closed
+/// and reused in between cannot pass).
 fn open(pid: u32, id: u32, fd: i32) -> Result<PeerMap> {
     let path = format!("/proc/{pid}/fd/{fd}");
+    let file = rustix::fs::open(path.as_str(), OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| Error::system(format!("open {path}"), e))?;
+    let ours = format!("/proc/self/fd/{}", file.as_raw_fd());
     let target =
-        std::fs::read_link(&path).map_err(|e| Error::system(format!("readlink {path}"), e))?;
+        std::fs::read_link(&ours).map_err(|e| Error::system(format!("readlink {ours}"), e))?;
     let want = format!("/memfd:{NAME_PREFIX}{id} ");
     if !target.to_string_lossy().starts_with(&want) {
         return Err(Error::Remote(format!(
@@ -315,8 +319,6 @@ fn open(pid: u32, id: u32, fd: i32) -> Result<PeerMap> {
             target.display()
         )));
     }
-    let file = rustix::fs::open(path.as_str(), OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())
-        .map_err(|e| Error::system(format!("open {path}"), e))?;
     let stat = rustix::fs::fstat(&file).map_err(|e| Error::system(format!("fstat {path}"), e))?;
     let len = usize::try_from(stat.st_size).unwrap_or(0);
     if len == 0 {
