@@ -346,9 +346,9 @@ fn measure<T: Num>(
     let (n, rank) = (comm.world(), comm.rank());
     let shared = a.registered != 0;
     let zero = T::from_f64(0.0);
-    let input = Buf::new(cin, shared, |i| T::from_f64(value(rank, i)))?;
-    let mut out = Buf::new(cout.max(cin), shared, |_| zero)?;
-    let mut buf = Buf::new(cout.max(cin), shared, |i| {
+    let input = user_buf(cin, shared, |i| T::from_f64(value(rank, i)))?;
+    let mut out = user_buf(cout.max(cin), shared, |_| zero)?;
+    let mut buf = user_buf(cout.max(cin), shared, |i| {
         input.get(i).copied().unwrap_or(zero)
     })?;
     let call = |out: &mut Buf<T>, buf: &mut Buf<T>| -> ampccl::Result<()> {
@@ -418,39 +418,19 @@ fn measure<T: Num>(
 }
 
 /// A user buffer of the sweep: on the heap, or in shared user memory (`-R 1`).
-enum Buf<T: Element> {
-    Heap(Vec<T>),
-    Shared(SharedBuf<T>),
-}
+type Buf<T> = Box<dyn std::ops::DerefMut<Target = [T]>>;
 
-impl<T: Element> Buf<T> {
-    /// `len` elements `f(0), f(1), …`.
-    fn new(len: usize, shared: bool, f: impl FnMut(usize) -> T) -> Result<Buf<T>, String> {
-        Ok(if shared {
-            Buf::Shared(SharedBuf::from_fn(len, f).map_err(|e| e.to_string())?)
-        } else {
-            Buf::Heap((0..len).map(f).collect())
-        })
-    }
-}
-
-impl<T: Element> std::ops::Deref for Buf<T> {
-    type Target = [T];
-    fn deref(&self) -> &[T] {
-        match self {
-            Buf::Heap(v) => v,
-            Buf::Shared(s) => s,
-        }
-    }
-}
-
-impl<T: Element> std::ops::DerefMut for Buf<T> {
-    fn deref_mut(&mut self) -> &mut [T] {
-        match self {
-            Buf::Heap(v) => v,
-            Buf::Shared(s) => s,
-        }
-    }
+/// `len` elements `f(0), f(1), …` in a [`Buf`].
+fn user_buf<T: Element>(
+    len: usize,
+    shared: bool,
+    f: impl FnMut(usize) -> T,
+) -> Result<Buf<T>, String> {
+    Ok(if shared {
+        Box::new(SharedBuf::from_fn(len, f).map_err(|e| e.to_string())?)
+    } else {
+        Box::new((0..len).map(f).collect::<Vec<T>>())
+    })
 }
 
 fn reduce_ref(op: ReduceOp, n: usize, i: usize, t: DataType) -> f64 {

@@ -8,6 +8,7 @@
 
 use std::cell::Cell;
 
+pub use ampccl_runtime::task::CopyTo;
 use ampccl_runtime::{DataType, ReduceOp, Result};
 
 /// The buffers an executor can name.
@@ -139,15 +140,30 @@ impl AlgResourceRequest {
 /// fails with `Error::Internal` on an executor bug instead of touching wrong memory.
 #[allow(clippy::too_many_arguments)] // `reduce` mirrors the task it enqueues
 pub trait TaskSink {
-    /// `len` bytes from `src` to `dst`.
-    fn copy(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()>;
-    /// As `copy`, into the operation's output where nothing reads it again soon (a large
-    /// operation's final pieces): streaming stores from a smaller size.
-    fn copy_out(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()>;
-    /// As `copy`, into a window a peer reads at once (a piece staged for an offer): the store
-    /// kind is chosen by measuring, as for writes into a peer's window.
-    fn copy_to_peer(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()>;
-    /// `dst = a op b` over `count` elements of `dtype` (`dst` may equal `a` or `b`).
+    /// `len` bytes from `src` to `dst`, stored for who reads them next (`to`:
+    /// [`CopyTo::Output`], an operation's output nothing reads again soon, streams from a
+    /// smaller size; [`CopyTo::Peer`], a window a peer reads at once, picks the store kind by
+    /// measuring). How the bytes are stored changes nothing else.
+    fn copy_to(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize, to: CopyTo) -> Result<()>;
+    /// [`TaskSink::copy_to`] for this rank ([`CopyTo::Local`]).
+    fn copy(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()> {
+        self.copy_to(s, dst, src, len, CopyTo::Local)
+    }
+    /// `dst = a op b` over `count` elements of `dtype`, `operands` = `(dst, a, b)` (`dst` may
+    /// equal `a` or `b`); `out`:
+    /// into the operation's output where nothing reads it again soon (a large operation's
+    /// final pieces), streaming stores where `dst` is disjoint from `a` and `b`. How the result
+    /// is stored changes nothing else.
+    fn reduce_to(
+        &mut self,
+        s: StreamId,
+        dtype: DataType,
+        op: ReduceOp,
+        operands: (Mem, Mem, Mem),
+        count: usize,
+        out: bool,
+    ) -> Result<()>;
+    /// [`TaskSink::reduce_to`], not streamed.
     fn reduce(
         &mut self,
         s: StreamId,
@@ -157,22 +173,8 @@ pub trait TaskSink {
         a: Mem,
         b: Mem,
         count: usize,
-    ) -> Result<()>;
-    /// As `reduce`, into the operation's output where nothing reads it again soon (a large
-    /// operation's final pieces): streaming stores where `dst` is disjoint from `a` and `b`.
-    /// How the result is stored changes nothing else, so sinks that only record what tasks do
-    /// may keep this default.
-    fn reduce_out(
-        &mut self,
-        s: StreamId,
-        dtype: DataType,
-        op: ReduceOp,
-        dst: Mem,
-        a: Mem,
-        b: Mem,
-        count: usize,
     ) -> Result<()> {
-        self.reduce(s, dtype, op, dst, a, b, count)
+        self.reduce_to(s, dtype, op, (dst, a, b), count, false)
     }
     /// `dst /= n` over `count` elements (the end of `Avg`).
     fn finish_avg(

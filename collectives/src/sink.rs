@@ -111,42 +111,20 @@ fn bug(msg: String) -> Error {
 }
 
 impl TaskSink for StreamSink<'_> {
-    fn copy(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()> {
-        self.copy_task(s, dst, src, len, CopyTo::Local)
+    fn copy_to(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize, to: CopyTo) -> Result<()> {
+        self.copy_task(s, dst, src, len, to)
     }
 
-    fn copy_out(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()> {
-        self.copy_task(s, dst, src, len, CopyTo::Output)
-    }
-
-    fn copy_to_peer(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()> {
-        self.copy_task(s, dst, src, len, CopyTo::Peer)
-    }
-
-    fn reduce(
+    fn reduce_to(
         &mut self,
         s: StreamId,
         dtype: DataType,
         op: ReduceOp,
-        dst: Mem,
-        a: Mem,
-        b: Mem,
+        operands: (Mem, Mem, Mem),
         count: usize,
+        out: bool,
     ) -> Result<()> {
-        self.reduce_task(s, (dtype, op), (dst, a, b), count, false)
-    }
-
-    fn reduce_out(
-        &mut self,
-        s: StreamId,
-        dtype: DataType,
-        op: ReduceOp,
-        dst: Mem,
-        a: Mem,
-        b: Mem,
-        count: usize,
-    ) -> Result<()> {
-        self.reduce_task(s, (dtype, op), (dst, a, b), count, true)
+        self.reduce_task(s, (dtype, op), operands, count, out)
     }
 
     fn finish_avg(

@@ -32,7 +32,7 @@ use ampccl_runtime::Result;
 
 use crate::executor::Executor;
 use crate::op::OpParam;
-use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, MAIN, Mem};
+use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, CopyTo, MAIN, Mem};
 use crate::steps::blocks::rounds;
 use crate::steps::pipe::copy_through;
 use crate::steps::ring::Ring;
@@ -70,11 +70,17 @@ impl Executor for AllGatherPair {
             let t = &mut *res.tasks;
             t.rx_async(MAIN, peer, at, n)?;
             if !p.in_place {
-                t.copy_out(MAIN, output.add(me * bytes + off), input.add(off), n)?;
+                t.copy_to(
+                    MAIN,
+                    output.add(me * bytes + off),
+                    input.add(off),
+                    n,
+                    CopyTo::Output,
+                )?;
             }
             t.tx_async(MAIN, peer, input.add(off), n)?;
             t.rx_wait_done(MAIN, peer, n)?;
-            t.copy_out(MAIN, dst, at, n)?;
+            t.copy_to(MAIN, dst, at, n, CopyTo::Output)?;
             t.tx_wait_done(MAIN, peer)?;
         }
         Ok(())

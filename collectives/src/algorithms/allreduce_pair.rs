@@ -24,7 +24,7 @@ use ampccl_runtime::{ReduceOp, Result};
 
 use crate::executor::Executor;
 use crate::op::OpParam;
-use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, MAIN, Mem};
+use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, CopyTo, MAIN, Mem};
 use crate::steps::blocks::{Blocks, rounds};
 use crate::steps::pipe::copy_through;
 use crate::steps::ring::Ring;
@@ -85,7 +85,7 @@ impl Executor for AllReducePair {
             }
             t.offer_async(MAIN, peer, at, ml * e)?;
             if !direct {
-                t.copy_out(MAIN, output.add(mo), staged, ml * e)?;
+                t.copy_to(MAIN, output.add(mo), staged, ml * e, CopyTo::Output)?;
             }
             t.read_async(MAIN, peer, output.add(to), tl * e)?;
             t.tx_wait_done(MAIN, peer)?;

@@ -27,7 +27,7 @@ use ampccl_runtime::Result;
 
 use crate::executor::Executor;
 use crate::op::OpParam;
-use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, MAIN, Mem};
+use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, CopyTo, MAIN, Mem};
 use crate::steps::pipe::{ChunkBound, Chunks, copy_through};
 use crate::steps::window::Window;
 
@@ -94,7 +94,8 @@ fn root(p: &OpParam, res: &mut AlgResourceResponse<'_>, peer: usize, pairs: &Pai
             input.add(off)
         } else {
             let slot = window.slot(j);
-            res.tasks.copy_to_peer(MAIN, slot, input.add(off), len)?;
+            res.tasks
+                .copy_to(MAIN, slot, input.add(off), len, CopyTo::Peer)?;
             slot
         };
         res.tasks.offer_async(MAIN, peer, at, len)
@@ -109,10 +110,10 @@ fn root(p: &OpParam, res: &mut AlgResourceResponse<'_>, peer: usize, pairs: &Pai
             offer(res, j + 1)?;
         }
         if !p.in_place {
-            res.tasks.copy(MAIN, output.add(off), input.add(off), len)?;
-            if let Some((off, len)) = pairs.pull(j) {
-                res.tasks.copy(MAIN, output.add(off), input.add(off), len)?;
-            }
+            // Both chunks of the pair: they are adjacent.
+            let both = len + pairs.pull(j).map_or(0, |(_, l)| l);
+            res.tasks
+                .copy(MAIN, output.add(off), input.add(off), both)?;
         }
         res.tasks.tx_wait_done(MAIN, peer)?;
         if let Some((_, len)) = pairs.pull(j) {

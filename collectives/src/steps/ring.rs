@@ -7,7 +7,7 @@
 use ampccl_runtime::Result;
 
 use crate::op::OpParam;
-use crate::resource::{AlgResourceResponse, MAIN, Mem, TaskSink};
+use crate::resource::{AlgResourceResponse, MAIN, Mem};
 use crate::steps::blocks::Blocks;
 use crate::steps::window::{SPAN, Window};
 
@@ -108,7 +108,7 @@ impl Round {
 pub struct Final {
     pub at: Mem,
     /// `at` is the operation's output and nothing reads it again soon (a call beyond the
-    /// cache): the final reduction may stream it (`reduce_out`).
+    /// cache): the final reduction may stream it (`reduce_to` with `out`).
     pub streamed: bool,
 }
 
@@ -153,21 +153,8 @@ pub fn reduce_scatter(
             Some(f) if last => (f.at, f.streamed),
             Some(_) => (slot, false),
         };
-        let reduce = if streamed {
-            <dyn TaskSink>::reduce_out
-        } else {
-            <dyn TaskSink>::reduce
-        };
-        reduce(
-            &mut *res.tasks,
-            MAIN,
-            p.dtype,
-            p.op,
-            dst,
-            own,
-            slot,
-            recv_len,
-        )?;
+        res.tasks
+            .reduce_to(MAIN, p.dtype, p.op, (dst, own, slot), recv_len, streamed)?;
         res.tasks.tx_wait_done(MAIN, ring.next)?;
         prev_slot = Some(slot);
     }

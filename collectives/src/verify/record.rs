@@ -8,7 +8,7 @@ use ampccl_runtime::{DataType, Error, ReduceOp, Result};
 
 use super::{Reject, VerifyError};
 use crate::op::{OpKind, OpParam};
-use crate::resource::{BufKind, Mem, NotifyId, SharedUser, StreamId, TaskSink};
+use crate::resource::{BufKind, CopyTo, Mem, NotifyId, SharedUser, StreamId, TaskSink};
 
 /// Names of the simulated memories (index = [`Layout::mem`]).
 pub(crate) const MEM_NAMES: [&str; 5] = ["UserIn", "UserOut", "CclIn", "CclOut", "Scratch"];
@@ -389,16 +389,8 @@ impl<'a> Recorder<'a> {
 }
 
 impl TaskSink for Recorder<'_> {
-    fn copy_out(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()> {
-        // How the bytes are stored does not change what the simulation sees.
-        self.copy(s, dst, src, len)
-    }
-
-    fn copy_to_peer(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()> {
-        self.copy(s, dst, src, len)
-    }
-
-    fn copy(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()> {
+    // How bytes and results are stored (`to`, `out`) does not change what the simulation sees.
+    fn copy_to(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize, _: CopyTo) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
@@ -413,15 +405,14 @@ impl TaskSink for Recorder<'_> {
         self.push(s, op)
     }
 
-    fn reduce(
+    fn reduce_to(
         &mut self,
         s: StreamId,
         dtype: DataType,
         rop: ReduceOp,
-        dst: Mem,
-        a: Mem,
-        b: Mem,
+        (dst, a, b): (Mem, Mem, Mem),
         count: usize,
+        _: bool,
     ) -> Result<()> {
         if count == 0 {
             return Ok(());

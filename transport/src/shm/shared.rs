@@ -19,7 +19,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::ffi::c_void;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use rustix::fd::{AsRawFd, OwnedFd};
@@ -44,6 +44,11 @@ static NEXT_ID: AtomicU32 = AtomicU32::new(1);
 
 /// Live allocations of this process by start address.
 static TABLE: RwLock<BTreeMap<usize, Entry>> = RwLock::new(BTreeMap::new());
+
+/// Number of entries in [`TABLE`], so that [`find`], asked about every buffer of every call,
+/// takes no lock in a process that allocated none. An allocation made before a call happens
+/// before it (the buffer was handed to the call), so a relaxed load sees its increment.
+static LIVE: AtomicUsize = AtomicUsize::new(0);
 
 #[derive(Clone, Copy, Debug)]
 struct Entry {
@@ -132,6 +137,7 @@ impl SharedMem {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .insert(ptr.as_ptr() as usize, entry);
+        LIVE.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(name, len, "allocated shared user memory");
         Ok(SharedMem {
             ptr,
@@ -166,6 +172,7 @@ impl Drop for SharedMem {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&(self.ptr.as_ptr() as usize));
+        LIVE.fetch_sub(1, Ordering::Relaxed);
         // SAFETY: the mapping made in `new`, unmapped nowhere else; it left the table above, so
         // no new transfer names it (running ones are the caller's to have finished).
         if let Err(e) = unsafe { rustix::mm::munmap(self.ptr.as_ptr().cast::<c_void>(), self.len) }
@@ -177,6 +184,9 @@ impl Drop for SharedMem {
 
 /// The allocation of this process that holds all of `[ptr, ptr + len)` (`len > 0`).
 pub fn find(ptr: *const u8, len: usize) -> Option<Found> {
+    if LIVE.load(Ordering::Relaxed) == 0 {
+        return None;
+    }
     let start = ptr as usize;
     let end = start.checked_add(len)?;
     let table = TABLE.read().unwrap_or_else(|e| e.into_inner());
