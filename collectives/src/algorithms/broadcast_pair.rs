@@ -28,10 +28,18 @@ use ampccl_runtime::Result;
 use crate::executor::Executor;
 use crate::op::OpParam;
 use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, CopyTo, MAIN, Mem};
-use crate::steps::pipe::{ChunkBound, Chunks, copy_through};
+use crate::steps::pipe::{ChunkBound, Chunks, MIN_PIPELINE_CHUNK, copy_through};
 use crate::steps::window::Window;
 
 pub struct BroadcastPair;
+
+/// The pair's chunk: half the message, at least [`MIN_PIPELINE_CHUNK`] and at most 512 KiB.
+/// Larger than a chain's pieces ([`ChunkBound::pipelined`], a sixteenth of the message): the
+/// pair has no chain to fill, and each chunk costs a handshake. µs in place, medians of the
+/// clean alternated pairs, a sixteenth (at least 128 KiB) against this (session 15, `ab_probed.py
+/// 8 X=1 X=1 -o broadcast -b 256K -e 8M -f 2 -n 60 -w 10`, two builds): 1 MiB 35.4 → 27.9,
+/// 4 MiB 128 → 117 (minima), 8 MiB 267 → 256; 1 MiB chunks lost to 512 KiB from 1 to 32 MiB.
+const PAIR_CHUNK: usize = 512 << 10;
 
 impl Executor for BroadcastPair {
     fn calc_res_request(&self, p: &OpParam) -> AlgResourceRequest {
@@ -44,7 +52,8 @@ impl Executor for BroadcastPair {
             return copy_through(p, res, bytes);
         }
         let peer = p.pair_peer("BroadcastPair")?;
-        let chunks = ChunkBound::new(res.ccl_in_size, p.elem()).pipelined(bytes, p.elem());
+        let want = (bytes / 2).clamp(MIN_PIPELINE_CHUNK, PAIR_CHUNK);
+        let chunks = ChunkBound::new(res.ccl_in_size, p.elem()).sized(bytes, p.elem(), want);
         let pairs = Pairs { chunks };
         if p.rank == p.root {
             root(p, res, peer, &pairs)

@@ -59,7 +59,16 @@ impl ChunkBound {
     /// (whole `elem`-byte elements), so that the ranks of the chain copy at the same time
     /// instead of one after the other; never more than a slot.
     pub fn pipelined(&self, bytes: usize, elem: usize) -> Chunks {
-        let want = (bytes / PIPELINE_DEPTH).max(MIN_PIPELINE_CHUNK);
+        self.sized(
+            bytes,
+            elem,
+            (bytes / PIPELINE_DEPTH).max(MIN_PIPELINE_CHUNK),
+        )
+    }
+
+    /// The chunks of a `bytes`-byte message cut into pieces of about `want` bytes: whole
+    /// `elem`-byte elements, at least one element, never more than a slot.
+    pub fn sized(&self, bytes: usize, elem: usize, want: usize) -> Chunks {
         let chunk = (want.div_ceil(elem) * elem).min(self.bytes).max(elem);
         Chunks {
             bytes,
