@@ -27,6 +27,10 @@ ceiling of any 2-rank implementation here. With it the table adds, per other pee
 `2-thread ceiling / X`: the most any 2-rank implementation could gain over X on this machine;
 `ampccl / 2-thread ceiling` is the fraction of the ceiling's speed ampccl reaches.
 
+The peer `staged` (broadcast only) is `ampccl-perf ceiling --staged`: the root's thread writes
+every byte into a ring the other thread copies out of, the ceiling of ranks whose user buffers
+the peer cannot reach (heap buffers, ampccl-perf without `-R 1`); it gets the same columns.
+
 The peer `shared` is ampccl-perf with `-R 1`: the user buffers in shared user memory
 (`ampccl::SharedBuf`, `ampcclMemAlloc`), which peers write and read directly; its ratio columns
 sit next to ampccl's.
@@ -42,9 +46,11 @@ PEERS_HOME = os.environ.get("PEERS_HOME", os.path.expanduser("~/.cache/ampccl-pe
 IMB = {"allreduce": "Allreduce", "allgather": "Allgather", "reducescatter": "Reduce_scatter",
        "broadcast": "Bcast"}
 NAMES = {"ampccl": "ampccl", "shared": "ampccl-shared", "impi": "intel-mpi", "ompi": "open-mpi",
-         "gloo": "gloo", "ceiling": "ceiling"}
+         "gloo": "gloo", "ceiling": "ceiling", "staged": "ceiling-staged"}
 TITLES = {"ampccl": "ampccl", "shared": "ampccl shared", "impi": "Intel MPI", "ompi": "Open MPI",
-          "gloo": "Gloo", "ceiling": "2-thread ceiling"}
+          "gloo": "Gloo", "ceiling": "2-thread ceiling", "staged": "staged ceiling"}
+# The ceilings (`ampccl-perf ceiling`, plain and `--staged`): each gets a column per other peer.
+CEILINGS = ("ceiling", "staged")
 # The ampccl runs that get ratio columns: heap buffers, and buffers in shared user memory
 # (`ampccl-perf -R 1`, `ampccl::SharedBuf`, which peers write and read directly).
 SUBJECTS = ("ampccl", "shared")
@@ -142,8 +148,8 @@ def run_ampccl(op, ranks, sizes, shared=False):
     return run_perf(["-g", str(ranks)] + (["-R", "1"] if shared else []), op, sizes)
 
 
-def run_ceiling(op, sizes):
-    return run_perf(["ceiling"], op, sizes)
+def run_ceiling(op, sizes, staged=False):
+    return run_perf(["ceiling"] + (["--staged"] if staged else []), op, sizes)
 
 
 def run_impi(op, ranks, sizes):
@@ -186,7 +192,7 @@ def main():
     ap.add_argument("--sizes", default="8,64K,1M,16M,64M")
     ap.add_argument("--peers", default="ampccl,impi,ompi,gloo",
                     help="comma-separated, in run order: ampccl, shared (ampccl with -R 1), impi, "
-                         "ompi, gloo, ceiling")
+                         "ompi, gloo, ceiling, staged (broadcast)")
     ap.add_argument("--out-dir", required=True, help="where <peer>.csv (median rows) go")
     ap.add_argument("--wait-quiet", type=int, default=600,
                     help="before each round, wait up to this many seconds for builds to end")
@@ -200,14 +206,17 @@ def main():
     unknown = [p for p in peers if p not in NAMES]
     if unknown:
         sys.exit(f"unknown peers {unknown}; known: {', '.join(NAMES)}")
-    if "ceiling" in peers and a.ranks != 2:
-        sys.exit("the ceiling peer models 2 ranks: use --ranks 2")
+    if any(p in CEILINGS for p in peers) and a.ranks != 2:
+        sys.exit("the ceiling peers model 2 ranks: use --ranks 2")
+    if "staged" in peers and a.op != "broadcast":
+        sys.exit("the staged ceiling is a broadcast's")
     runners = {"ampccl": lambda: run_ampccl(a.op, a.ranks, sizes),
                "shared": lambda: run_ampccl(a.op, a.ranks, sizes, shared=True),
                "impi": lambda: run_impi(a.op, a.ranks, sizes),
                "ompi": lambda: run_bench("mpi", a.op, a.ranks, sizes),
                "gloo": lambda: run_bench("gloo", a.op, a.ranks, sizes),
-               "ceiling": lambda: run_ceiling(a.op, sizes)}
+               "ceiling": lambda: run_ceiling(a.op, sizes),
+               "staged": lambda: run_ceiling(a.op, sizes, staged=True)}
     times = {p: [] for p in peers}
     wrong = {p: {} for p in peers}
     noisy = 0
@@ -258,21 +267,25 @@ def main():
     if "ceiling" in peers:
         print("ampccl / 2-thread ceiling: the fraction of the ceiling's speed ampccl reaches; "
               "2-thread ceiling / X: the most any 2-rank implementation could gain over X\n")
+    if "staged" in peers:
+        print("staged ceiling / X: the most a 2-rank implementation whose user buffers the peer "
+              "cannot reach (heap buffers) could gain over X\n")
     subjects = [p for p in SUBJECTS if p in peers]
     others = [p for p in peers if p not in SUBJECTS]
-    # Peers the ceiling is compared with: neither an ampccl run (their own columns) nor itself.
-    bounded = [p for p in others if p != "ceiling"] if "ceiling" in peers else []
+    # Peers the ceilings are compared with: neither an ampccl run (their own columns) nor a ceiling.
+    bounded = [p for p in others if p not in CEILINGS]
+    ceilings = [c for c in CEILINGS if c in peers]
     head = ["bytes"] + [f"{TITLES[p]} (us)" for p in peers]
     head += [f"{TITLES[a]} / {TITLES[p]}" for a in subjects for p in others]
-    head += [f"{TITLES['ceiling']} / {TITLES[p]}" for p in bounded]
+    head += [f"{TITLES[c]} / {TITLES[p]}" for c in ceilings for p in bounded]
     print("| " + " | ".join(head) + " |")
     print("|" + "---:|" * len(head))
     for s in sizes:
         cells = [str(s)] + [f"{med[p][s]:.2f}" if s in med[p] else "—" for p in peers]
         cells += [f"{med[p][s] / med[a][s]:.2f}x" if s in med[p] and s in med[a] else "—"
                   for a in subjects for p in others]
-        cells += [f"{med[p][s] / med['ceiling'][s]:.2f}x" if s in med[p] and s in med["ceiling"] else "—"
-                  for p in bounded]
+        cells += [f"{med[p][s] / med[c][s]:.2f}x" if s in med[p] and s in med[c] else "—"
+                  for c in ceilings for p in bounded]
         print("| " + " | ".join(cells) + " |")
     bad = {p: w for p, w in wrong.items() if any(w.values())}
     if bad:

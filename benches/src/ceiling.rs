@@ -14,7 +14,15 @@
 //! * allgather (N = output bytes): r copies its input into block r of its own output, and that
 //!   block into p's (64 KiB blocks); from [`copy::STREAM_MIN`] bytes per rank straight from the
 //!   input into both, which lets `copy` stream both (15-20 % faster at 64 MiB here);
-//! * broadcast (root 0, in place): r copies half r of rank 0's buffer into rank 1's.
+//! * broadcast (root 0, in place): r copies half r of rank 0's buffer into rank 1's;
+//! * broadcast `--staged`: rank 0 copies the whole buffer, in chunks of [`STAGE_CHUNK`], into
+//!   a ring of [`STAGE_SLOTS`] slots that rank 1 allocated, and rank 1 copies each chunk out
+//!   into its buffer as soon as it is there (a counter per side, on its own cache line).
+//!   Between processes whose user buffers the peer cannot reach (heap memory, no
+//!   cross-memory attach) this is the least a broadcast does: only the root holds the data, so
+//!   its core alone writes every byte into memory both processes map, and the receiver's core
+//!   copies every byte out. It bounds `ampccl-perf` without `-R 1` as the plain ceiling bounds
+//!   it with `-R 1`.
 //!
 //! Why it is a ceiling: any 2-rank implementation reads each input byte at least once, brings
 //! the two inputs of each reduced element together in one core, and writes every output byte;
@@ -27,7 +35,10 @@
 //! `copy_out` measured no faster for allreduce and reducescatter.)
 //!
 //! Timing: a barrier, thread 0 reads the clock, both work, a barrier, thread 0 reads the clock
-//! again; per size the median (and the minimum) of the timed iterations. Then both inputs are
+//! again; per size the median (and the minimum) of the timed iterations. The staged broadcast
+//! has no barriers between iterations: as with a library's back-to-back calls, the root goes on
+//! with the next iteration while the other thread copies out the last chunks, and thread 0's
+//! iteration (its chunks copied in, each after its slot was freed) is timed. Then both inputs are
 //! refilled with different integer patterns (the sweep's `-c` data), one more iteration runs,
 //! and each thread counts the wrong elements of its own result.
 
@@ -46,6 +57,13 @@ use crate::sweep::{Coll, Num, count_wrong, sizes, value, with_type};
 /// Blocks of at most this many bytes: reduced (or copied in), then copied to the peer while
 /// still in cache.
 const BLOCK: usize = 64 << 10;
+
+/// Largest chunk of the staged broadcast (`BroadcastPair`'s largest chunk); a message of less
+/// than two goes in halves of at least 128 KiB, as there.
+const STAGE_CHUNK: usize = 512 << 10;
+
+/// Slots of the staged broadcast's ring (a 4 MiB ring, the size of the library's window).
+const STAGE_SLOTS: usize = 8;
 
 /// The table's column heads, over the rows printed in [`ceiling`].
 const HEADER: &str = "\
@@ -79,8 +97,15 @@ struct Padded(AtomicU64);
 impl SpinBarrier {
     fn wait(&self, rank: usize) {
         let mine = self.0[rank].0.fetch_add(1, Ordering::AcqRel) + 1;
+        self.0[1 - rank].wait_for(mine);
+    }
+}
+
+impl Padded {
+    /// Spins until the counter reaches `at_least` (acquiring what its writer did before).
+    fn wait_for(&self, at_least: u64) {
         let mut spins = 0u32;
-        while self.0[1 - rank].0.load(Ordering::Acquire) < mine {
+        while self.0.load(Ordering::Acquire) < at_least {
             // Give the CPU away only when the peer is clearly not running.
             spins += 1;
             if spins < 1 << 16 {
@@ -92,11 +117,13 @@ impl SpinBarrier {
     }
 }
 
-/// One thread's buffers; in place (broadcast) `output == input`.
+/// One thread's buffers; in place (broadcast) `output == input`. `staging`: rank 1's ring of
+/// the staged broadcast (else null).
 #[derive(Clone, Copy)]
 struct Bufs {
     input: *mut u8,
     output: *mut u8,
+    staging: *mut u8,
 }
 
 // SAFETY: the pointers are dereferenced only between barriers that separate every write of a
@@ -104,12 +131,15 @@ struct Bufs {
 // the last barrier of their size, which the peer passes after its last access.
 unsafe impl Send for Bufs {}
 
-/// What both threads share: the barrier, each thread's buffers, the wrong elements of a size.
+/// What both threads share: the barrier, each thread's buffers, the wrong elements of a size,
+/// and the staged broadcast's chunks copied in (`staged[0]`, by rank 0) and out (`staged[1]`),
+/// counted over the whole run.
 #[derive(Default)]
 struct Shared {
     barrier: SpinBarrier,
     slots: Mutex<[Option<Bufs>; 2]>,
     wrong: AtomicUsize,
+    staged: [Padded; 2],
 }
 
 /// One size of the collective: elements of each input and output.
@@ -120,6 +150,7 @@ struct Job {
     op: ReduceOp,
     cin: usize,
     cout: usize,
+    staged: bool,
 }
 
 /// Runs `ampccl-perf ceiling`; false when a result was wrong.
@@ -132,6 +163,9 @@ fn ceiling<T: Num>(args: &CeilingArgs) -> Result<bool, String> {
     let coll = Coll::parse(&w.collective)
         .filter(|c| !matches!(c, Coll::Reduce | Coll::AllToAll | Coll::SendRecv))
         .ok_or_else(|| format!("ceiling: unknown collective {:?}", w.collective))?;
+    if args.staged && coll != Coll::Broadcast {
+        return Err("ceiling: --staged is a broadcast's ceiling".into());
+    }
     let e = size_of::<T>();
     let cpus = allowed_cpus();
     let pins = (cpus.len() >= 2).then(|| [cpus[0], cpus[1]]);
@@ -140,9 +174,15 @@ fn ceiling<T: Num>(args: &CeilingArgs) -> Result<bool, String> {
         (None, None) => "about 256 MiB moved per size, 20..1000 iterations".to_string(),
         (n, w) => format!("{} iterations, {} warm-up", given(n), given(w)),
     };
+    let kind = if args.staged {
+        "staged ceiling (the root's thread writes every byte into a ring the other copies out \
+         of; "
+    } else {
+        "shared-address-space ceiling ("
+    };
     println!(
-        "# ampccl-perf ceiling {}: the 2-thread shared-address-space ceiling (2 threads of one \
-         process, library kernels, no transport), {iters}",
+        "# ampccl-perf ceiling {}: the 2-thread {kind}2 threads of one process, library kernels, \
+         no transport), {iters}",
         w.collective
     );
     match pins {
@@ -225,6 +265,7 @@ fn worker<T: Num>(
             op: w.op,
             cin,
             cout,
+            staged: args.staged,
         };
         let (n, warm) = iterations(size, args.iters, args.warmup);
         // Written element by element by this thread: it first-touches its own pages.
@@ -236,25 +277,43 @@ fn worker<T: Num>(
         } else {
             output.as_mut_ptr().cast()
         };
+        let mut staging = vec![
+            0u8;
+            if args.staged && rank == 1 {
+                STAGE_SLOTS * STAGE_CHUNK
+            } else {
+                0
+            }
+        ];
         let mine = Bufs {
             input: input_ptr,
             output: output_ptr,
+            staging: staging.as_mut_ptr(),
         };
         sh.slots.lock().unwrap()[rank] = Some(mine);
         sh.barrier.wait(rank);
         let peer = sh.slots.lock().unwrap()[1 - rank].expect("the peer published");
         // SAFETY (every call): `mine` and `peer` are this size's live buffers; the peer runs the
         // same iteration between the same two barriers (the contract of `Job::run`).
-        let iteration = || unsafe { job.run(rank, mine, peer) };
+        let iteration = || unsafe { job.run(rank, mine, peer, &sh.staged) };
         let mut times = Vec::with_capacity(n);
+        // Staged, the ring's counters pace the threads: no barriers between iterations.
+        let paced = !job.staged;
         for i in 0..warm + n {
-            sh.barrier.wait(rank);
+            if paced {
+                sh.barrier.wait(rank);
+            }
             let t0 = (rank == 0).then(Instant::now);
             iteration();
-            sh.barrier.wait(rank);
+            if paced {
+                sh.barrier.wait(rank);
+            }
             if let Some(t0) = t0.filter(|_| i >= warm) {
                 times.push(t0.elapsed().as_secs_f64() * 1e6);
             }
+        }
+        if !paced {
+            sh.barrier.wait(rank);
         }
         // SAFETY: between these barriers the peer does not touch this thread's buffers, which
         // are live and hold `cin` and `output.len()` elements of `T`.
@@ -279,7 +338,7 @@ fn worker<T: Num>(
             let _ = tx.send((job, median, min, sh.wrong.swap(0, Ordering::Relaxed)));
         }
         // The peer passed the last barrier after its last access: the buffers may go.
-        drop((input, output));
+        drop((input, output, staging));
     }
 }
 
@@ -293,15 +352,18 @@ impl Job {
     ///
     /// # Safety
     /// `mine` and `peer` hold live buffers, aligned for `dtype`, of `cin` input and `cout`
-    /// output elements (broadcast: `output == input`); the peer thread runs `run` with the
-    /// roles swapped at the same time and nothing else accesses the buffers.
-    unsafe fn run(self, rank: usize, mine: Bufs, peer: Bufs) {
+    /// output elements (broadcast: `output == input`; staged: rank 1's `staging` holds
+    /// [`STAGE_SLOTS`] × [`STAGE_CHUNK`] bytes); the peer thread runs `run` with the roles
+    /// swapped at the same time, with the same `staged` counters, and nothing else accesses the
+    /// buffers.
+    unsafe fn run(self, rank: usize, mine: Bufs, peer: Bufs, staged: &[Padded; 2]) {
         let Job {
             coll,
             dtype,
             op,
             cin,
             cout,
+            staged: staged_job,
         } = self;
         let e = dtype.size();
         let at = |p: *mut u8, elem: usize| p.wrapping_add(elem * e);
@@ -310,6 +372,9 @@ impl Job {
         // thread writes only elements of half / block `rank` (of its output and the peer's, or
         // of rank 1's broadcast buffer), the peer only those of `1 - rank`; inputs are only
         // read (broadcast: rank 0's buffer). The two sides of each copy are distinct buffers.
+        // Staged: rank 0 writes a slot only after rank 1 counted the slot's last chunk out,
+        // rank 1 reads it only after rank 0 counted it in (release / acquire on the counters),
+        // and rank 1 alone writes its buffer.
         unsafe {
             let reduce_into = |dst: *mut u8, i: usize, len: usize| {
                 reduce::reduce(dtype, op, dst, at(mine.input, i), at(peer.input, i), len);
@@ -340,6 +405,29 @@ impl Job {
                         let o = rank * cin + s;
                         copy::copy(at(mine.output, o), at(mine.input, s), l * e);
                         copy::copy(at(peer.output, o), at(mine.output, o), l * e);
+                    }
+                }
+                Coll::Broadcast if staged_job => {
+                    let ring = if rank == 1 {
+                        mine.staging
+                    } else {
+                        peer.staging
+                    };
+                    let want = (cout * e / 2).clamp(128 << 10, STAGE_CHUNK);
+                    // Each side's counter is its own: it alone writes it.
+                    let done = staged[rank].0.load(Ordering::Relaxed);
+                    for (i, (s, l)) in rounds(cout, chunk_elems(want, e)).enumerate() {
+                        let seq = done + i as u64;
+                        let slot = ring.add((seq as usize % STAGE_SLOTS) * STAGE_CHUNK);
+                        if rank == 0 {
+                            // The slot's last chunk has been copied out.
+                            staged[1].wait_for((seq + 1).saturating_sub(STAGE_SLOTS as u64));
+                            copy::copy_to_peer(slot, at(mine.input, s), l * e);
+                        } else {
+                            staged[0].wait_for(seq + 1);
+                            copy::copy(at(mine.input, s), slot, l * e);
+                        }
+                        staged[rank].0.store(seq + 1, Ordering::Release);
                     }
                 }
                 Coll::Broadcast => {

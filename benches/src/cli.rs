@@ -128,6 +128,11 @@ pub struct CeilingArgs {
     /// Also write the results as CSV (placement `out`, broadcast `in`).
     #[arg(long = "csv")]
     pub csv: Option<PathBuf>,
+    /// Broadcast only: the root's thread writes every byte into a ring of shared memory that
+    /// the other thread copies out of, the ceiling of ranks whose user buffers the peer cannot
+    /// reach (heap buffers; `ampccl-perf` without `-R 1`).
+    #[arg(long = "staged")]
+    pub staged: bool,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {

@@ -162,7 +162,7 @@ fn ceiling_rows(extra: &[&str]) -> Vec<Vec<String>> {
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "{args:?}\n{stdout}\n{stderr}");
     assert!(
-        stdout.contains("2-thread shared-address-space ceiling") && stdout.contains("0 OK"),
+        stdout.contains("2-thread ") && stdout.contains("0 OK"),
         "{stdout}"
     );
     let rows: Vec<Vec<String>> = stdout
@@ -198,6 +198,34 @@ fn ceiling_measures_every_collective_and_checks_it() {
     // Allgather's large schedule (4 MiB per rank: streaming copies straight from the input).
     let rows = ceiling_rows(&["-o", "allgather", "-b", "8M", "-e", "8M"]);
     assert_eq!(rows.len(), 1);
+}
+
+#[test]
+fn staged_ceiling_checks_a_broadcast_through_the_ring() {
+    // One chunk, two halves, and 9 MiB of int8: 18 chunks, twice round the 8-slot ring, and
+    // the warm-up and timed iterations go on where the last stopped.
+    let rows = ceiling_rows(&[
+        "-o",
+        "broadcast",
+        "--staged",
+        "-d",
+        "int8",
+        "-b",
+        "100K",
+        "-e",
+        "9M",
+        "-f",
+        "3",
+    ]);
+    let sizes: Vec<&str> = rows.iter().map(|f| f[0].as_str()).collect();
+    assert_eq!(sizes, ["102400", "307200", "921600", "2764800", "8294400"]);
+    let out = perf(&["ceiling", "-o", "allreduce", "--staged", "-e", "1K"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("--staged"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 #[test]
