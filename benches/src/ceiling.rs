@@ -126,9 +126,10 @@ struct Bufs {
     staging: *mut u8,
 }
 
-// SAFETY: the pointers are dereferenced only between barriers that separate every write of a
-// byte from every other access to it (see `Job::run`); the owner frees the buffers only after
-// the last barrier of their size, which the peer passes after its last access.
+// SAFETY: the pointers are dereferenced only between barriers (or, for the staged ring, counts
+// of chunks copied in and out) that separate every write of a byte from every other access to
+// it (see `Job::run`); the owner frees the buffers only after the last barrier of their size,
+// which the peer passes after its last access.
 unsafe impl Send for Bufs {}
 
 /// What both threads share: the barrier, each thread's buffers, the wrong elements of a size,
