@@ -266,9 +266,9 @@ impl ShmDevice {
                 }
             }),
             k if k & shared::KEY_BASE != 0 => self.user_access(peer, || {
-                let m =
-                    self.peer_maps
-                        .resolve(self.pids[peer], k, addr, len, &self.peer_desc(peer))?;
+                let m = self
+                    .peer_maps
+                    .resolve(self.pids[peer], k, addr, len, || self.peer_desc(peer))?;
                 local(m.ptr());
                 Ok(())
             }),

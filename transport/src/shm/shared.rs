@@ -257,12 +257,19 @@ pub struct PeerMaps {
 
 impl PeerMaps {
     /// `[off, off + len)` of the allocation that process `pid` named `(key, addr)`, mapped here
-    /// (opened at first use). Errors name `desc`.
-    pub fn resolve(&self, pid: u32, key: u32, addr: u64, len: usize, desc: &str) -> Result<Mapped> {
+    /// (opened at first use). Errors name the peer as `desc()` does (called only on error).
+    pub fn resolve(
+        &self,
+        pid: u32,
+        key: u32,
+        addr: u64,
+        len: usize,
+        desc: impl Fn() -> String,
+    ) -> Result<Mapped> {
         let id = key & !KEY_BASE;
         let fd = (addr >> OFFSET_BITS) as i32;
         let off = (addr & ((1 << OFFSET_BITS) - 1)) as usize;
-        let bad = |what: String| Error::Remote(format!("{desc} named shared memory {what}"));
+        let bad = |what: String| Error::Remote(format!("{} named shared memory {what}", desc()));
         let check = |size: usize| {
             if off.checked_add(len).is_none_or(|end| end > size) {
                 Err(bad(format!(
@@ -377,7 +384,9 @@ mod tests {
         assert!(open(std::process::id(), f.id + 1, f.fd).is_err());
         let maps = PeerMaps::default();
         let own = maps
-            .resolve(std::process::id(), key_of(&f), addr_of(&f) + 8, 8, "rank 1")
+            .resolve(std::process::id(), key_of(&f), addr_of(&f) + 8, 8, || {
+                "rank 1".into()
+            })
             .unwrap();
         assert_eq!(own.ptr(), a.as_ptr().wrapping_add(8));
         let e = maps
@@ -386,14 +395,15 @@ mod tests {
                 key_of(&f),
                 addr_of(&f) + 8190,
                 8,
-                "rank 1",
+                || "rank 1".into(),
             )
             .err()
             .unwrap();
         assert!(e.to_string().contains("beyond allocation"), "{e}");
         drop(a);
         assert!(
-            maps.resolve(std::process::id(), key_of(&f), addr_of(&f), 8, "rank 1")
+            maps.resolve(std::process::id(), key_of(&f), addr_of(&f), 8, || "rank 1"
+                .into())
                 .is_err()
         );
     }
