@@ -9,7 +9,12 @@
 //! 50`, the choice set by a temporary variable), chain vs pair: 32 KiB 4.6/4.6 vs 2.2/2.1,
 //! 256 KiB 12.3/9.8 vs 11.5/7.4, 1 MiB 56.2/34.5 vs 59.1/34.5, 4 MiB 214/130 vs 239/133,
 //! 16 MiB 1867/723 vs 1875/793; in slow spells of the host alike. With both ranks' buffers
-//! shared the pair takes 4 MiB in 57 µs in place (docs/PERFORMANCE.md, "Session 14").
+//! shared the pair takes 4 MiB in 57 µs in place (docs/PERFORMANCE.md, "Session 14"). With the
+//! pair's 512 KiB chunks (session 15; `ab_probed.py 5 AMPCCL_ALGO_BROADCAST=BroadcastChain X=1
+//! -o broadcast -b 256K -e 32M -f 2 -n 40 -w 10`, 5 clean pairs), chain vs pair: 1 MiB
+//! 56.0/34.9 vs 50.9/29.8, 4 MiB 227/130 vs 239/117, 8 MiB 650/260 vs 692/268, 16 MiB
+//! 1897/809 vs 2060/836: the pair wins in place up to 4 MiB and ties beyond; out of place the
+//! chain wins from 4 MiB (the pair's root copies into its output besides).
 
 use crate::executor::{Operator, SelectCtx};
 use crate::op::OpParam;
