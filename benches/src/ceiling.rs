@@ -15,7 +15,7 @@
 //!   block into p's (64 KiB blocks); from [`copy::STREAM_MIN`] bytes per rank straight from the
 //!   input into both, which lets `copy` stream both (15-20 % faster at 64 MiB here);
 //! * broadcast (root 0, in place): r copies half r of rank 0's buffer into rank 1's;
-//! * broadcast `--staged`: rank 0 copies the whole buffer, in chunks of [`STAGE_CHUNK`], into
+//! * broadcast `--staged`: rank 0 copies the whole buffer, in `BroadcastPair`'s chunks, into
 //!   a ring of [`STAGE_SLOTS`] slots that rank 1 allocated, and rank 1 copies each chunk out
 //!   into its buffer as soon as it is there (a counter per side, on its own cache line).
 //!   Between processes whose user buffers the peer cannot reach (heap memory, no
@@ -46,6 +46,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, mpsc};
 use std::time::Instant;
 
+use ampccl::algorithms::broadcast_pair;
 use ampccl::steps::blocks::{Blocks, chunk_elems, rounds};
 use ampccl::{DataType, ReduceOp};
 use ampccl_runtime::{copy, reduce};
@@ -58,9 +59,9 @@ use crate::sweep::{Coll, Num, count_wrong, sizes, value, with_type};
 /// still in cache.
 const BLOCK: usize = 64 << 10;
 
-/// Largest chunk of the staged broadcast (`BroadcastPair`'s largest chunk); a message of less
-/// than two goes in halves of at least 128 KiB, as there.
-const STAGE_CHUNK: usize = 512 << 10;
+/// Slot size of the staged broadcast's ring: its chunks are `BroadcastPair`'s
+/// ([`broadcast_pair::chunk_bytes`]), at most this.
+const STAGE_CHUNK: usize = broadcast_pair::PAIR_CHUNK;
 
 /// Slots of the staged broadcast's ring (a 4 MiB ring, the size of the library's window).
 const STAGE_SLOTS: usize = 8;
@@ -414,7 +415,7 @@ impl Job {
                     } else {
                         peer.staging
                     };
-                    let want = (cout * e / 2).clamp(128 << 10, STAGE_CHUNK);
+                    let want = broadcast_pair::chunk_bytes(cout * e);
                     // Each side's counter is its own: it alone writes it.
                     let done = staged[rank].0.load(Ordering::Relaxed);
                     for (i, (s, l)) in rounds(cout, chunk_elems(want, e)).enumerate() {

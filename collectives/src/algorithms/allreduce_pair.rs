@@ -11,8 +11,8 @@
 //! reduced half to the peer, which copies it into its output (through its window since
 //! session 10, with cross-memory attach before; the figures below are from then). Both
 //! stores miss the cache, and each first reads the line it is about to overwrite (read for
-//! ownership), so each output byte costs three bytes of memory traffic. Here the reduction lands in `CclOut`, a
-//! cache-resident piece of the shared window. Each rank then copies its own result into its
+//! ownership), so each output byte costs three bytes of memory traffic. Here the reduction
+//! lands in `CclOut`, a cache-resident piece of the shared window. Each rank then copies its own result into its
 //! output and reads the peer's result out of the peer's window (a read offer) into its output,
 //! with streaming stores in both cases: two bytes of traffic per output byte, and the two
 //! ranks still copy at the same time. It costs one more pass over each half. So it pays only

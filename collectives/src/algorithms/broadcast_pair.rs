@@ -39,7 +39,12 @@ pub struct BroadcastPair;
 /// clean alternated pairs, a sixteenth (at least 128 KiB) against this (session 15, `ab_probed.py
 /// 8 X=1 X=1 -o broadcast -b 256K -e 8M -f 2 -n 60 -w 10`, two builds): 1 MiB 35.4 → 27.9,
 /// 4 MiB 128 → 117 (minima), 8 MiB 267 → 256; 1 MiB chunks lost to 512 KiB from 1 to 32 MiB.
-const PAIR_CHUNK: usize = 512 << 10;
+pub const PAIR_CHUNK: usize = 512 << 10;
+
+/// The bytes of the pair's chunks for a `bytes`-byte message (see [`PAIR_CHUNK`]).
+pub fn chunk_bytes(bytes: usize) -> usize {
+    (bytes / 2).clamp(MIN_PIPELINE_CHUNK, PAIR_CHUNK)
+}
 
 impl Executor for BroadcastPair {
     fn calc_res_request(&self, p: &OpParam) -> AlgResourceRequest {
@@ -52,8 +57,8 @@ impl Executor for BroadcastPair {
             return copy_through(p, res, bytes);
         }
         let peer = p.pair_peer("BroadcastPair")?;
-        let want = (bytes / 2).clamp(MIN_PIPELINE_CHUNK, PAIR_CHUNK);
-        let chunks = ChunkBound::new(res.ccl_in_size, p.elem()).sized(bytes, p.elem(), want);
+        let chunks =
+            ChunkBound::new(res.ccl_in_size, p.elem()).sized(bytes, p.elem(), chunk_bytes(bytes));
         let pairs = Pairs { chunks };
         if p.rank == p.root {
             root(p, res, peer, &pairs)
