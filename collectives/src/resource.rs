@@ -145,6 +145,22 @@ pub trait TaskSink {
     /// smaller size; [`CopyTo::Peer`], a window a peer reads at once, picks the store kind by
     /// measuring). How the bytes are stored changes nothing else.
     fn copy_to(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize, to: CopyTo) -> Result<()>;
+    /// `len` bytes from `src` to both destinations, each stored for its reader as by
+    /// [`TaskSink::copy_to`], the source read once: what the two copies would do, with one
+    /// pass over the source. The destinations are disjoint; one of them may be `src` (in place:
+    /// no copy there).
+    fn copy_tee(
+        &mut self,
+        s: StreamId,
+        dsts: [(Mem, CopyTo); 2],
+        src: Mem,
+        len: usize,
+    ) -> Result<()> {
+        for (dst, to) in dsts {
+            self.copy_to(s, dst, src, len, to)?;
+        }
+        Ok(())
+    }
     /// [`TaskSink::copy_to`] for this rank ([`CopyTo::Local`]).
     fn copy(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()> {
         self.copy_to(s, dst, src, len, CopyTo::Local)
@@ -202,8 +218,16 @@ pub trait TaskSink {
     /// `offer_wait_done`.
     fn offer_async(&mut self, s: StreamId, peer: usize, src: Mem, len: usize) -> Result<()>;
     /// Reads `len` bytes into `dst` from `peer`'s matching offer: numbered like a send,
-    /// completed with `tx_wait_done`.
-    fn read_async(&mut self, s: StreamId, peer: usize, dst: Mem, len: usize) -> Result<()>;
+    /// completed with `tx_wait_done`; where this rank copies them, stored for who reads them
+    /// next (`to`, as for [`TaskSink::copy_to`]).
+    fn read_async(
+        &mut self,
+        s: StreamId,
+        peer: usize,
+        dst: Mem,
+        len: usize,
+        to: CopyTo,
+    ) -> Result<()>;
     /// Completes the oldest outstanding offer to `peer` (read as `len` bytes).
     fn offer_wait_done(&mut self, s: StreamId, peer: usize, len: usize) -> Result<()>;
 }

@@ -72,6 +72,34 @@ impl StreamSink<'_> {
         self.push(s, Task::Copy { dst, src, len, to })
     }
 
+    /// A `Tee` task; a `Copy` where one destination is the source (in place), none where both
+    /// are.
+    fn tee_task(&self, s: StreamId, dsts: [(Mem, CopyTo); 2], src: Mem, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let from = self.ptr(src, len)?;
+        let [a, b] = [self.ptr(dsts[0].0, len)?, self.ptr(dsts[1].0, len)?];
+        if std::ptr::eq(a, from) {
+            return self.copy_task(s, dsts[1].0, src, len, dsts[1].1);
+        }
+        if std::ptr::eq(b, from) {
+            return self.copy_task(s, dsts[0].0, src, len, dsts[0].1);
+        }
+        if (a as usize).abs_diff(b as usize) < len {
+            return Err(bug(format!("tee into overlapping {dsts:?}+{len}")));
+        }
+        let dsts = [(a, dsts[0].1), (b, dsts[1].1)];
+        self.push(
+            s,
+            Task::Tee {
+                dsts,
+                src: from,
+                len,
+            },
+        )
+    }
+
     /// A `Reduce` task of `count` elements (`out`: into an output, streaming); none when empty.
     fn reduce_task(
         &self,
@@ -113,6 +141,16 @@ fn bug(msg: String) -> Error {
 impl TaskSink for StreamSink<'_> {
     fn copy_to(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize, to: CopyTo) -> Result<()> {
         self.copy_task(s, dst, src, len, to)
+    }
+
+    fn copy_tee(
+        &mut self,
+        s: StreamId,
+        dsts: [(Mem, CopyTo); 2],
+        src: Mem,
+        len: usize,
+    ) -> Result<()> {
+        self.tee_task(s, dsts, src, len)
     }
 
     fn reduce_to(
@@ -207,12 +245,19 @@ impl TaskSink for StreamSink<'_> {
         Ok(())
     }
 
-    fn read_async(&mut self, s: StreamId, peer: usize, dst: Mem, len: usize) -> Result<()> {
+    fn read_async(
+        &mut self,
+        s: StreamId,
+        peer: usize,
+        dst: Mem,
+        len: usize,
+        to: CopyTo,
+    ) -> Result<()> {
         let p = self.ptr(dst, len)?;
         // SAFETY: as for `tx_async`.
         unsafe {
             self.link(peer)?
-                .read_async(self.stream(s)?, p, len, self.tag)
+                .read_async(self.stream(s)?, p, len, to, self.tag)
         };
         Ok(())
     }

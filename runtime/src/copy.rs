@@ -20,6 +20,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use crate::task::CopyTo;
+
 /// Copies at least this long use streaming stores (where the CPU has AVX2). Measured on the
 /// dev machine (`cargo bench -p ampccl-runtime --bench copy`): at 1 MiB (cache-resident) the
 /// streaming copy is slower than `memcpy`, from 4 MiB up it is faster (docs/PERFORMANCE.md).
@@ -54,6 +56,21 @@ pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
 pub unsafe fn copy_out(dst: *mut u8, src: *const u8, len: usize) {
     // SAFETY: forwarded.
     unsafe { copy_streaming_from(dst, src, len, STREAM_OUT_MIN) }
+}
+
+/// Copies `len` bytes stored for who reads them next: [`copy`], [`copy_out`] or
+/// [`copy_to_peer`].
+///
+/// # Safety
+/// As [`copy`].
+pub unsafe fn copy_to(to: CopyTo, dst: *mut u8, src: *const u8, len: usize) {
+    let f = match to {
+        CopyTo::Local => copy,
+        CopyTo::Output => copy_out,
+        CopyTo::Peer => copy_to_peer,
+    };
+    // SAFETY: forwarded.
+    unsafe { f(dst, src, len) }
 }
 
 /// The store choice of [`copy_to_peer`].
@@ -330,13 +347,27 @@ impl SizeClass {
 /// # Safety
 /// As [`copy`].
 unsafe fn copy_streaming_from(dst: *mut u8, src: *const u8, len: usize, min: usize) {
+    let stream = len >= min.max(VECTOR_MIN);
+    // SAFETY: forwarded.
+    unsafe { copy_unfenced(dst, src, len, stream) };
+    if stream {
+        fence();
+    }
+}
+
+/// A copy with the vector loop (where the CPU has AVX2) from [`VECTOR_MIN`] bytes or wherever
+/// `stream` asks for streaming stores, else `memcpy`; streamed without the closing [`fence`].
+///
+/// # Safety
+/// As [`copy`]; where `stream`, the caller runs [`fence`] before anything that must see the
+/// bytes.
+unsafe fn copy_unfenced(dst: *mut u8, src: *const u8, len: usize, stream: bool) {
     #[cfg(target_arch = "x86_64")]
-    if len >= VECTOR_MIN && std::arch::is_x86_feature_detected!("avx2") {
+    if (stream || len >= VECTOR_MIN) && can_stream() {
         // SAFETY: AVX2 is present (checked above); the ranges are the caller's.
         unsafe {
-            if len >= min {
-                vector_avx2::<true>(dst, src, len);
-                fence();
+            if stream {
+                vector_avx2::<true>(dst, src, len)
             } else {
                 vector_avx2::<false>(dst, src, len)
             }
@@ -345,6 +376,48 @@ unsafe fn copy_streaming_from(dst: *mut u8, src: *const u8, len: usize, min: usi
     }
     // SAFETY: the caller's contract.
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+}
+
+/// Bytes of the blocks in which [`tee`] copies: a block goes to the first destination, then,
+/// read again from the L1 cache, to the second.
+pub const TEE_BLOCK: usize = 8 << 10;
+
+/// The store choice of tees that write for a peer (their time covers two destinations, so
+/// they keep their own costs).
+static TEE_TO_PEER: std::sync::LazyLock<SharedCopy> = std::sync::LazyLock::new(SharedCopy::default);
+
+/// Copies `len` bytes from `src` to both destinations, each stored for who reads it next as
+/// [`copy`], [`copy_out`] and [`copy_to_peer`] store it ([`CopyTo`]), reading the source
+/// once: block by block ([`TEE_BLOCK`]), the second copy of a block reads it from the L1 cache.
+/// Two copies of a 512 KiB source, cache-resident, read it twice from the L2 or L3 cache.
+///
+/// # Safety
+/// As [`copy`] for each destination; the two destinations are disjoint.
+pub unsafe fn tee(dsts: [(*mut u8, CopyTo); 2], src: *const u8, len: usize) {
+    let write = |peer_streams: bool| {
+        let stream = dsts.map(|(_, to)| match to {
+            CopyTo::Local => len >= STREAM_MIN,
+            CopyTo::Output => len >= STREAM_OUT_MIN,
+            CopyTo::Peer => peer_streams,
+        });
+        let mut off = 0;
+        while off < len {
+            let n = TEE_BLOCK.min(len - off);
+            for ((dst, _), stream) in dsts.iter().zip(stream) {
+                // SAFETY: `off + n <= len`: inside the caller's ranges.
+                unsafe { copy_unfenced(dst.add(off), src.add(off), n, stream) };
+            }
+            off += n;
+        }
+        if stream.contains(&true) {
+            fence();
+        }
+    };
+    if dsts.iter().any(|&(_, to)| to == CopyTo::Peer) {
+        TEE_TO_PEER.stores.run(len, write);
+    } else {
+        write(false);
+    }
 }
 
 /// The vector copy: a plain copy up to the first 32-byte boundary of `dst`, aligned 32-byte
@@ -422,14 +495,8 @@ pub(crate) fn can_stream() -> bool {
 /// # Safety
 /// As [`copy`]; the caller runs [`fence`] before anything that must see the bytes.
 pub(crate) unsafe fn stream_unfenced(dst: *mut u8, src: *const u8, len: usize) {
-    #[cfg(target_arch = "x86_64")]
-    if can_stream() {
-        // SAFETY: AVX2 is present (checked above); the ranges are the caller's.
-        unsafe { vector_avx2::<true>(dst, src, len) };
-        return;
-    }
-    // SAFETY: the caller's contract.
-    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+    // SAFETY: forwarded.
+    unsafe { copy_unfenced(dst, src, len, true) }
 }
 
 /// Orders streaming stores (which are weakly ordered) before every later store, as a release
@@ -503,6 +570,29 @@ mod tests {
                 class.cost[1 - kind].store(1000, Ordering::Relaxed);
             }
             check_exact("SharedCopy", &|d, s, n| unsafe { shared.copy(d, s, n) });
+        }
+    }
+
+    /// A tee writes both destinations exactly, whatever each one's store kind, also where the
+    /// two are aligned differently.
+    #[test]
+    fn a_tee_is_exact_into_both_destinations() {
+        use CopyTo::{Local, Output, Peer};
+        for (first, second) in [(Local, Output), (Output, Peer), (Peer, Local)] {
+            for shift in [0, 1, 33] {
+                check_exact("tee", &|d, s, n| {
+                    let mut other = vec![0u8; n + shift];
+                    // SAFETY: `d`, `s` as `check_exact` passes them; `other` holds `n` bytes
+                    // from `shift` and is disjoint from both.
+                    unsafe { tee([(d, first), (other[shift..].as_mut_ptr(), second)], s, n) };
+                    // SAFETY: `s` is valid for `n` reads.
+                    let src = unsafe { std::slice::from_raw_parts(s, n) };
+                    assert!(
+                        other[shift..] == *src,
+                        "tee's second destination, {n} bytes"
+                    );
+                });
+            }
         }
     }
 

@@ -50,12 +50,13 @@ pub enum LinkOp {
         tag: u32,
     },
     /// Read `len` bytes into `dst` from the memory the peer offered with its `Offer` number
-    /// `seq`: a send, numbered like `TxAsync`, with the data flowing the other way. Completes
-    /// with `TxWaitDone`.
+    /// `seq`: a send, numbered like `TxAsync`, with the data flowing the other way, stored for
+    /// who reads it next (`to`, where the device copies it). Completes with `TxWaitDone`.
     Read {
         seq: u32,
         dst: *mut u8,
         len: usize,
+        to: CopyTo,
         tag: u32,
     },
     /// Wait until the peer has read offer number `seq`, which must be `len` bytes.
@@ -96,6 +97,13 @@ pub enum Task {
         src: *const u8,
         len: usize,
         to: CopyTo,
+    },
+    /// `len` bytes from `src` to both destinations (disjoint from it and from each other),
+    /// each stored for who reads it next, the source read once ([`crate::copy::tee`]).
+    Tee {
+        dsts: [(*mut u8, CopyTo); 2],
+        src: *const u8,
+        len: usize,
     },
     /// `dst[i] = a[i] op b[i]` over `count` elements (`dst` may equal `a` or `b`).
     Reduce {
@@ -141,13 +149,13 @@ impl Task {
     pub(crate) fn poll(&mut self) -> Poll<Result<()>> {
         match self {
             Task::Copy { dst, src, len, to } => {
-                let f = match to {
-                    CopyTo::Local => crate::copy::copy,
-                    CopyTo::Output => crate::copy::copy_out,
-                    CopyTo::Peer => crate::copy::copy_to_peer,
-                };
                 // SAFETY: valid, non-overlapping by the enqueue contract.
-                unsafe { f(*dst, *src, *len) };
+                unsafe { crate::copy::copy_to(*to, *dst, *src, *len) };
+                Poll::Ready(Ok(()))
+            }
+            Task::Tee { dsts, src, len } => {
+                // SAFETY: valid, non-overlapping by the enqueue contract.
+                unsafe { crate::copy::tee(*dsts, *src, *len) };
                 Poll::Ready(Ok(()))
             }
             Task::Reduce {
@@ -211,6 +219,9 @@ impl fmt::Debug for Task {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Task::Copy { len, to, .. } => write!(f, "copy of {len} bytes ({to:?})"),
+            Task::Tee { dsts, len, .. } => {
+                write!(f, "tee of {len} bytes ({:?}, {:?})", dsts[0].1, dsts[1].1)
+            }
             Task::Reduce {
                 dtype, op, count, ..
             } => {

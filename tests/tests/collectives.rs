@@ -382,9 +382,10 @@ fn reducescatter_beyond_the_cache() {
     launch(3, "reduce_scatter", &[("AMPCCL_CACHE_BYTES", "65536")]);
 }
 
-/// The operator picks `AllGatherPair` on 2 ranks only for outputs beyond a share of the
-/// cache; forced, every case runs it (the big count takes several pieces and a short last
-/// one), with and without cross-memory attach (it never needs it).
+/// The operator picks `AllGatherPair` on 2 ranks beyond the mesh's sizes; forced, every case
+/// runs it (the big count takes several pieces and a short last one), with and without
+/// cross-memory attach (it never needs it), and with a small assumed cache, which puts every
+/// case from 16 KiB of output beyond it (streaming stores into the outputs).
 #[test]
 fn allgather_w2_pair() {
     launch(
@@ -395,20 +396,21 @@ fn allgather_w2_pair() {
 }
 
 #[test]
-fn allgather_w2_pair_without_cma() {
+fn allgather_w2_pair_beyond_the_cache_without_cma() {
     launch(
         2,
         "allgather",
         &[
             ("AMPCCL_ALGO_ALLGATHER", "AllGatherPair"),
             ("AMPCCL_SHM_CMA", "0"),
+            ("AMPCCL_CACHE_BYTES", "65536"),
         ],
     );
 }
 
 /// Buffers in shared user memory on every rank: peers write into the outputs and read from
-/// the inputs directly (the 2-rank broadcast pair, the ring allgather and the pair algorithms
-/// beyond the cache), without cross-memory attach.
+/// the inputs directly (the 2-rank broadcast pair and allgather pair, the allreduce pair beyond
+/// the cache), without cross-memory attach.
 #[test]
 fn shared_buffers_w2() {
     for scenario in ["broadcast", "allgather", "allreduce"] {

@@ -12,6 +12,7 @@
 //! attach), a verbs provider would post RDMA WRITE / WRITE_WITH_IMM / READ.
 
 use ampccl_runtime::Result;
+use ampccl_runtime::task::CopyTo;
 
 /// Clear-to-send entry: where and how much the receiver accepts (NCCL's FIFO layout).
 #[repr(C)]
@@ -76,13 +77,21 @@ pub trait RmaDevice: Send + Sync {
         addr: u64,
     ) -> Result<()>;
     /// One-sided read of `peer`'s `(key, addr)` (memory the peer offered for reading) into
-    /// local `[dst, dst+len)`. The data lands in its final place (an operation's output), so a
-    /// device may store it without keeping it in the cache (streaming stores).
+    /// local `[dst, dst+len)`. A device that copies the data stores it for who reads it next
+    /// (`to`: [`CopyTo::Output`], an operation's output nothing reads soon, may take streaming
+    /// stores that bypass the cache).
     ///
     /// # Safety
     /// `dst` must be valid for `len` writes.
-    unsafe fn read(&self, peer: usize, dst: *mut u8, len: usize, key: u32, addr: u64)
-    -> Result<()>;
+    unsafe fn read(
+        &self,
+        peer: usize,
+        dst: *mut u8,
+        len: usize,
+        key: u32,
+        addr: u64,
+        to: CopyTo,
+    ) -> Result<()>;
     /// Delivers the immediate `imm` and byte count `len` to `peer`'s completion slot `slot`,
     /// ordered after every earlier write to that peer.
     fn write_imm(&self, peer: usize, slot: usize, imm: u32, len: u64) -> Result<()>;

@@ -347,7 +347,15 @@ mod loom_tests {
         unsafe fn write(&self, _: usize, _: *const u8, _: usize, _: u32, _: u64) -> Result<()> {
             unreachable!("no rendezvous messages in the model")
         }
-        unsafe fn read(&self, _: usize, _: *mut u8, _: usize, _: u32, _: u64) -> Result<()> {
+        unsafe fn read(
+            &self,
+            _: usize,
+            _: *mut u8,
+            _: usize,
+            _: u32,
+            _: u64,
+            _: ampccl_runtime::task::CopyTo,
+        ) -> Result<()> {
             unreachable!("no rendezvous messages in the model")
         }
         fn write_imm(&self, _: usize, _: usize, _: u32, _: u64) -> Result<()> {

@@ -16,7 +16,7 @@ use std::task::Poll;
 
 use ampccl_runtime::Result;
 use ampccl_runtime::stream::Stream;
-use ampccl_runtime::task::{LinkDriver, LinkOp, Task};
+use ampccl_runtime::task::{CopyTo, LinkDriver, LinkOp, Task};
 
 use crate::device::RmaDevice;
 use crate::eager;
@@ -146,9 +146,25 @@ impl Link {
     ///
     /// # Safety
     /// `dst` must stay valid and untouched until the matching `tx_wait_done` completes.
-    pub unsafe fn read_async(self: &Arc<Self>, s: &Stream, dst: *mut u8, len: usize, tag: u32) {
+    pub unsafe fn read_async(
+        self: &Arc<Self>,
+        s: &Stream,
+        dst: *mut u8,
+        len: usize,
+        to: CopyTo,
+        tag: u32,
+    ) {
         let seq = self.tx.issued.fetch_add(1, Ordering::Relaxed);
-        self.push(s, LinkOp::Read { seq, dst, len, tag });
+        self.push(
+            s,
+            LinkOp::Read {
+                seq,
+                dst,
+                len,
+                to,
+                tag,
+            },
+        );
     }
 
     /// Completes the oldest outstanding offer, which must have been read as `len` bytes.
@@ -241,9 +257,15 @@ impl LinkDriver for Link {
                 len,
                 tag,
             ),
-            LinkOp::Read { seq, dst, len, tag } => {
+            LinkOp::Read {
+                seq,
+                dst,
+                len,
+                to,
+                tag,
+            } => {
                 // SAFETY: `dst` valid by the `read_async` contract.
-                let r = unsafe { protocol::try_read(dev, self.peer, seq, dst, len, tag) };
+                let r = unsafe { protocol::try_read(dev, self.peer, seq, dst, len, to, tag) };
                 if r.is_ready() {
                     // The read is complete once issued (shared memory), as a write.
                     self.tx_done.complete(seq);

@@ -30,6 +30,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::Poll;
 
+use ampccl_runtime::task::CopyTo;
 use ampccl_runtime::{Error, Result};
 
 use crate::device::{CTS_READ, CtsEntry, IMM_ERROR, RmaDevice};
@@ -202,10 +203,11 @@ pub unsafe fn try_send(
     tag: u32,
 ) -> Poll<Result<()>> {
     // SAFETY: forwarded; a write only reads `src`.
-    unsafe { transfer(dev, peer, seq, src.cast_mut(), len, tag, Way::Write) }
+    unsafe { transfer(dev, peer, seq, src.cast_mut(), len, tag, None) }
 }
 
-/// Reads `len` bytes into `dst` as send `seq`, once the peer's offer is there.
+/// Reads `len` bytes into `dst` as send `seq`, once the peer's offer is there, stored for who
+/// reads them next (`to`).
 ///
 /// # Safety
 /// `dst` must be valid for `len` writes.
@@ -215,17 +217,19 @@ pub unsafe fn try_read(
     seq: u32,
     dst: *mut u8,
     len: usize,
+    to: CopyTo,
     tag: u32,
 ) -> Poll<Result<()>> {
     // SAFETY: forwarded.
-    unsafe { transfer(dev, peer, seq, dst, len, tag, Way::Read) }
+    unsafe { transfer(dev, peer, seq, dst, len, tag, Some(to)) }
 }
 
 /// Send `seq`: moves `len` bytes between local `buf` and the memory the peer's clear-to-send
-/// names, the way `way`, then writes the immediate.
+/// names, into it (`read` is `None`) or out of it (a read, stored as `read` says), then writes
+/// the immediate.
 ///
 /// # Safety
-/// `buf` must be valid for `len` reads (`Write`) or writes (`Read`).
+/// `buf` must be valid for `len` reads (a write) or writes (a read).
 unsafe fn transfer(
     dev: &dyn RmaDevice,
     peer: usize,
@@ -233,7 +237,7 @@ unsafe fn transfer(
     buf: *mut u8,
     len: usize,
     tag: u32,
-    way: Way,
+    read: Option<CopyTo>,
 ) -> Poll<Result<()>> {
     let slot = (seq % dev.fifo_depth() as u32) as usize;
     let Some(cts) = dev.poll_cts(peer, slot, idx_of(seq)) else {
@@ -248,7 +252,7 @@ unsafe fn transfer(
         return fail(op_mismatch(dev, peer, cts.tag, tag));
     }
     let offered = cts.nreqs & CTS_READ != 0;
-    if offered != (way == Way::Read) {
+    if offered != read.is_some() {
         let (theirs, ours) = if offered {
             ("offers its buffer to be read", "writes")
         } else {
@@ -276,9 +280,9 @@ unsafe fn transfer(
         let addr = cts.addr + off as u64;
         // SAFETY: off + piece <= len, valid by the caller's contract.
         let r = unsafe {
-            match way {
-                Way::Write => dev.write(peer, buf.add(off), piece, cts.key, addr),
-                Way::Read => dev.read(peer, buf.add(off), piece, cts.key, addr),
+            match read {
+                None => dev.write(peer, buf.add(off), piece, cts.key, addr),
+                Some(to) => dev.read(peer, buf.add(off), piece, cts.key, addr, to),
             }
         };
         if let Err(e) = r {
@@ -424,11 +428,13 @@ pub(crate) mod tests {
         let mut got = vec![0u8; 200];
         // The reader cannot go before the offer, nor the offer complete before the read.
         // SAFETY: `got` is valid for 200 writes.
-        assert!(unsafe { try_read(&a, 1, 0, got.as_mut_ptr(), 200, 3) }.is_pending());
+        assert!(
+            unsafe { try_read(&a, 1, 0, got.as_mut_ptr(), 200, CopyTo::Output, 3) }.is_pending()
+        );
         ready(post_offer(&b, 0, 0, true, src, 200, 3)).unwrap();
         assert!(poll_recv(&b, 0, 0, 200).is_pending());
         // SAFETY: as above.
-        ready(unsafe { try_read(&a, 1, 0, got.as_mut_ptr(), 200, 3) }).unwrap();
+        ready(unsafe { try_read(&a, 1, 0, got.as_mut_ptr(), 200, CopyTo::Output, 3) }).unwrap();
         ready(poll_recv(&b, 0, 0, 200)).unwrap();
         assert_eq!(got, b.window(64, 200));
     }
@@ -454,7 +460,8 @@ pub(crate) mod tests {
         // A read finds a plain clear-to-send.
         ready(post_recv(&b, 0, 1, true, b.window_ptr(0), 16, 1)).unwrap();
         // SAFETY: buf is valid.
-        let e = ready(unsafe { try_read(&a, 1, 1, buf.as_mut_ptr(), 16, 1) }).unwrap_err();
+        let e = ready(unsafe { try_read(&a, 1, 1, buf.as_mut_ptr(), 16, CopyTo::Output, 1) })
+            .unwrap_err();
         assert!(
             matches!(e, Error::InvalidUsage(ref m) if m.contains("expects a write")),
             "{e}"
@@ -463,7 +470,8 @@ pub(crate) mod tests {
         // A read of another size than offered.
         ready(post_offer(&b, 0, 2, true, b.window_ptr(0), 16, 1)).unwrap();
         // SAFETY: buf is valid.
-        let e = ready(unsafe { try_read(&a, 1, 2, buf.as_mut_ptr(), 8, 1) }).unwrap_err();
+        let e = ready(unsafe { try_read(&a, 1, 2, buf.as_mut_ptr(), 8, CopyTo::Output, 1) })
+            .unwrap_err();
         assert!(
             matches!(e, Error::InvalidUsage(ref m) if m.contains("offers 16")),
             "{e}"
@@ -590,7 +598,15 @@ mod loom_tests {
         unsafe fn write(&self, _: usize, _: *const u8, _: usize, _: u32, _: u64) -> Result<()> {
             unreachable!("the model only reads")
         }
-        unsafe fn read(&self, _: usize, dst: *mut u8, len: usize, _: u32, _: u64) -> Result<()> {
+        unsafe fn read(
+            &self,
+            _: usize,
+            dst: *mut u8,
+            len: usize,
+            _: u32,
+            _: u64,
+            _: CopyTo,
+        ) -> Result<()> {
             assert_eq!(self.me, 0);
             // SAFETY: dst holds len <= 4 bytes (model contract).
             self.sh
@@ -679,7 +695,9 @@ mod loom_tests {
                 for seq in 0..2u32 {
                     let mut got = [0u8; 4];
                     // SAFETY: got is valid for 4 bytes.
-                    while unsafe { try_read(&a, 1, seq, got.as_mut_ptr(), 4, 7) }.is_pending() {
+                    while unsafe { try_read(&a, 1, seq, got.as_mut_ptr(), 4, CopyTo::Output, 7) }
+                        .is_pending()
+                    {
                         loom::thread::yield_now();
                     }
                     assert_eq!(got, [seq as u8 + 1; 4]);

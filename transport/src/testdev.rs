@@ -4,6 +4,7 @@ use std::cell::UnsafeCell;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use ampccl_runtime::task::CopyTo;
 use ampccl_runtime::{Error, Result};
 
 use crate::device::{CtsEntry, EagerHeader, IMM_ERROR, RmaDevice};
@@ -135,6 +136,7 @@ impl RmaDevice for PairDevice {
         len: usize,
         key: u32,
         addr: u64,
+        _: CopyTo,
     ) -> Result<()> {
         let (base, n) = self.base(peer);
         if key != 1 || addr as usize + len > n {

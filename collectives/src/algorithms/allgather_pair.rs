@@ -1,32 +1,33 @@
-//! `AllGatherPair`: a 2-rank allgather of messages beyond the cache, which reads each input
-//! byte from memory once and streams every output byte.
+//! `AllGatherPair`: a 2-rank allgather in which each rank copies its input once, into its output
+//! and into memory the peer reads, and reads the peer's block out of the peer's memory.
 //!
 //! ```text
 //! per piece (PIECE bytes of each rank's block):
-//!   rx(peer's piece → CclIn slot) ── (copy_out my input piece → output[me])
-//!   ── tx(my input piece → peer's slot) ── rx done ── copy_out(slot → output[peer]) ── tx done
+//!   tee(my input piece → output[me], my CclIn slot) ── offer(slot)
+//!   ── read(peer's slot → output[peer]) ── read done ── peer's read of my slot done
 //! ```
-//! The ring ([`super::allgather_ring`]) on 2 ranks first copies the whole input into the
-//! output, then sends the block from there: once the message exceeds the cache, the input
-//! and the own block each come from memory twice, and the store into the peer's output (a
-//! cross-memory write until session 10, a copy out of the window since) is a plain store that
-//! first reads each line it overwrites. Here the message moves
-//! in pieces: the piece is read from memory once (the own copy), sent from the cache into the
-//! peer's window slot, and both output blocks are written with streaming stores (`copy_out`
-//! streams pieces of [`PIECE`] bytes). The window traffic stays in the cache; each rank moves
-//! 3 bytes through memory per byte of its block instead of about 5. Inside the cache the
-//! extra pass through the window and the streaming stores lose, so the operator hands this
-//! algorithm only messages beyond the cache ([`crate::executor::CACHE_SHARE`]). Needs no links
-//! into user memory: every transfer lands in a window, or, where this rank's output is shared
-//! user memory, straight in the output (the peer's piece is then copied once, by the peer).
+//! Three copies per byte of a rank's block are the least without shared user memory: into the
+//! own output, into shared memory, out of it into the peer's output. The ring
+//! ([`super::allgather_ring`]) makes them three passes: the own copy, a send of the block into
+//! the peer's window, the peer's copy out. Here the first two are one pass ([`copy_tee`]): a
+//! block of the input goes to the output and the slot while it is in the L1 cache, so the input
+//! is read once. The peer then reads the slot (a read offer) instead of being written to: the
+//! send needs no copy of its own. Where this rank's input lies in shared user memory it is
+//! offered as it is, and the peer's read is the only copy of its block.
 //!
-//! Out of place the own copy goes first: it takes the piece from memory while its streaming
-//! stores go out, and the send then reads the piece from the cache. Sent first, the send read it
-//! from memory, at about twice the cost per byte of the broadcast's sends (session 13,
-//! docs/PERFORMANCE.md). µs out of place, 4 clean alternated pairs (`ab_probed.py 8 X=1
-//! AMPCCL_TMP_SW=1 -o allgather -b 16M -e 64M -f 2 -n 30 -w 8`, the order set by a temporary
-//! variable), send first against own copy first: 16 MiB 1588 → 1524, 32 MiB 3538 → 3219,
-//! 64 MiB 7171 → 6607.
+//! Beyond the cache ([`crate::executor::CACHE_SHARE`]) both output blocks are written with
+//! streaming stores (`CopyTo::Output`: pieces of [`PIECE`] bytes stream), which skip reading
+//! the lines they overwrite, while the slot stays in the cache: each rank moves 3 bytes through
+//! memory per byte of its block. Inside the cache the outputs are stored plainly, as the next
+//! user of the data reads them from the cache.
+//!
+//! µs out of place / in place, medians of 8 clean alternated runs, the ring (with the
+//! previous, push form of this algorithm beyond the cache) against this (session 16, `PERF_A=old
+//! PERF_B=new ab_probed.py 8 X=1 X=1 -o allgather -b 256K -e 64M -f 2 -n 30 -w 6`): 256 KiB
+//! 12.9/7.5 → 11.9/7.5, 1 MiB 38.7/26.3 → 32.4/26.3, 4 MiB 163/101 → 142/100, 8 MiB 759/260 →
+//! 533/253, 16 MiB 1487/911 → 1363/940, 64 MiB 6712/4469 → 6469/4493.
+//!
+//! [`copy_tee`]: crate::resource::TaskSink::copy_tee
 
 use ampccl_runtime::Result;
 
@@ -38,11 +39,12 @@ use crate::steps::pipe::copy_through;
 use crate::steps::ring::Ring;
 
 /// Bytes of a piece (at most one ring slot): large enough for `copy_out` to stream it
-/// ([`ampccl_runtime::copy::STREAM_OUT_MIN`]), small enough that a piece and its copies stay
-/// in the cache. µs out of place / in place, 16 MiB output, 3 alternated runs (session 8, AMD
-/// EPYC; `AMPCCL_ALGO_ALLGATHER=AllGatherPair ampccl-perf -g 2 -o allgather -b 1M -e 64M -f 4
-/// -n 20 -w 4`, the piece size set by a temporary variable): 256 KiB pieces (no streaming)
-/// 1894/1073, 1 MiB 1492/912, 2 MiB 1564/932; 64 MiB: 8603/5843, 7010/4098, 7052/4412.
+/// ([`ampccl_runtime::copy::STREAM_OUT_MIN`]) beyond the cache, small enough that a piece and
+/// its copies stay in the cache. µs out of place / in place, 16 MiB output, 3 alternated runs
+/// (session 8, AMD EPYC, the push form of the algorithm; `AMPCCL_ALGO_ALLGATHER=AllGatherPair
+/// ampccl-perf -g 2 -o allgather -b 1M -e 64M -f 4 -n 20 -w 4`, the piece size set by a
+/// temporary variable): 256 KiB pieces (no streaming) 1894/1073, 1 MiB 1492/912, 2 MiB
+/// 1564/932; 64 MiB: 8603/5843, 7010/4098, 7052/4412.
 pub const PIECE: usize = 1 << 20;
 
 pub struct AllGatherPair;
@@ -60,28 +62,27 @@ impl Executor for AllGatherPair {
         }
         let (me, peer) = (p.rank, p.pair_peer("AllGatherPair")?);
         let (input, output) = (Mem::of(BufKind::UserIn), Mem::of(BufKind::UserOut));
+        let shared = res.shared_user.input;
+        let beyond = res.beyond_cache(bytes * p.world);
+        let own_to = if beyond {
+            CopyTo::Output
+        } else {
+            CopyTo::Local
+        };
         let mut r = Ring::new(p, res, PIECE.min(bytes));
         let piece = r.piece_elems;
         for (start, len) in rounds(p.count, piece) {
             let (off, n) = (start * e, len * e);
-            let slot = r.next_slot();
-            let dst = output.add(peer * bytes + off);
-            let at = if res.shared_user.output { dst } else { slot };
+            let (src, own) = (input.add(off), output.add(me * bytes + off));
+            let at = if shared { src } else { r.next_slot() };
             let t = &mut *res.tasks;
-            t.rx_async(MAIN, peer, at, n)?;
-            if !p.in_place {
-                t.copy_to(
-                    MAIN,
-                    output.add(me * bytes + off),
-                    input.add(off),
-                    n,
-                    CopyTo::Output,
-                )?;
-            }
-            t.tx_async(MAIN, peer, input.add(off), n)?;
-            t.rx_wait_done(MAIN, peer, n)?;
-            t.copy_to(MAIN, dst, at, n, CopyTo::Output)?;
+            // The own block and the copy the peer reads, in one pass over the input (no copy
+            // where the destination is the input: in place, or offered from shared memory).
+            t.copy_tee(MAIN, [(own, own_to), (at, CopyTo::Peer)], src, n)?;
+            t.offer_async(MAIN, peer, at, n)?;
+            t.read_async(MAIN, peer, output.add(peer * bytes + off), n, own_to)?;
             t.tx_wait_done(MAIN, peer)?;
+            t.offer_wait_done(MAIN, peer, n)?;
         }
         Ok(())
     }

@@ -87,7 +87,7 @@ impl Executor for AllReducePair {
             if !direct {
                 t.copy_to(MAIN, output.add(mo), staged, ml * e, CopyTo::Output)?;
             }
-            t.read_async(MAIN, peer, output.add(to), tl * e)?;
+            t.read_async(MAIN, peer, output.add(to), tl * e, CopyTo::Output)?;
             t.tx_wait_done(MAIN, peer)?;
             t.offer_wait_done(MAIN, peer, ml * e)?;
         }

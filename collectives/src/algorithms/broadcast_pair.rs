@@ -159,7 +159,8 @@ fn receiver(res: &mut AlgResourceResponse<'_>, peer: usize, pairs: &Pairs) -> Re
             res.tasks.rx_async(MAIN, peer, at(j + 1), len)?;
         }
         if let Some((off, len)) = pairs.pull(j) {
-            res.tasks.read_async(MAIN, peer, output.add(off), len)?;
+            res.tasks
+                .read_async(MAIN, peer, output.add(off), len, CopyTo::Output)?;
             res.tasks.tx_wait_done(MAIN, peer)?;
         }
         let (off, len) = pairs.push(j);

@@ -1,6 +1,6 @@
 //! AllGather operator: mesh (every rank writes to every peer at once, the source documents'
-//! example) while the whole output fits the CCL buffer and messages are small; on 2 ranks the
-//! streaming pair once the output is beyond the cache; ring otherwise.
+//! example) while the whole output fits the CCL buffer and messages are small; beyond that the
+//! pair on 2 ranks with a core each, the ring otherwise.
 
 use crate::executor::{Operator, SelectCtx};
 use crate::op::OpParam;
@@ -17,7 +17,7 @@ impl Operator for AllGatherOperator {
         if bytes <= MESH_MAX_BYTES && out <= ctx.ccl_size {
             return ("AllGatherMesh", 0);
         }
-        if p.world == 2 && !ctx.oversubscribed && ctx.beyond_cache(out) {
+        if p.world == 2 && !ctx.oversubscribed {
             ("AllGatherPair", 0)
         } else {
             ("AllGatherRing", 0)
@@ -28,7 +28,6 @@ impl Operator for AllGatherOperator {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::executor::{CACHE_SHARE, MIN_BYTES_UNKNOWN_CACHE};
     use crate::op::OpKind;
     use crate::operator::selected;
 
@@ -43,16 +42,16 @@ mod tests {
     }
 
     #[test]
-    fn two_ranks_take_the_pair_once_the_output_leaves_its_share_of_the_cache() {
+    fn two_ranks_with_a_core_each_take_the_pair_beyond_the_mesh() {
         let llc = 32 << 20;
-        let share = llc / CACHE_SHARE;
         assert_eq!(pick(2, 1024, llc, false), "AllGatherMesh");
-        assert_eq!(pick(2, share / 2, llc, false), "AllGatherRing");
-        assert_eq!(pick(2, share / 2 + 1, llc, false), "AllGatherPair");
-        assert_eq!(pick(2, share / 2 + 1, llc, true), "AllGatherRing");
-        assert_eq!(pick(3, share, llc, false), "AllGatherRing");
-        let unknown = MIN_BYTES_UNKNOWN_CACHE / 2;
-        assert_eq!(pick(2, unknown - 1, 0, false), "AllGatherRing");
-        assert_eq!(pick(2, unknown, 0, false), "AllGatherPair");
+        assert_eq!(pick(2, MESH_MAX_BYTES, llc, false), "AllGatherMesh");
+        for cache in [llc, 0] {
+            assert_eq!(pick(2, MESH_MAX_BYTES + 1, cache, false), "AllGatherPair");
+            assert_eq!(pick(2, 64 << 20, cache, false), "AllGatherPair");
+        }
+        assert_eq!(pick(2, MESH_MAX_BYTES + 1, llc, true), "AllGatherRing");
+        assert_eq!(pick(3, MESH_MAX_BYTES + 1, llc, false), "AllGatherRing");
+        assert_eq!(pick(3, 64 << 20, llc, false), "AllGatherRing");
     }
 }

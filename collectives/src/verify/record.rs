@@ -405,6 +405,32 @@ impl TaskSink for Recorder<'_> {
         self.push(s, op)
     }
 
+    /// As the real sink: no copy into a destination that is the source; the two destinations
+    /// must not overlap at all.
+    fn copy_tee(
+        &mut self,
+        s: StreamId,
+        dsts: [(Mem, CopyTo); 2],
+        src: Mem,
+        len: usize,
+    ) -> Result<()> {
+        let from = self.layout.range(src, len);
+        let [(a, _), (b, _)] = dsts;
+        let ((ma, xa, ya), (mb, xb, yb)) = (self.layout.range(a, len), self.layout.range(b, len));
+        let copies = [(ma, xa, ya), (mb, xb, yb)].map(|r| r != from);
+        if copies == [true, true] && ma == mb && xa < yb && xb < ya {
+            let op = Op::Copy { dst: b, src, len };
+            let msg = format!("tee destinations {a:?} and {b:?} overlap");
+            return Err(self.reject(s, &op, Reject::Overlap, msg));
+        }
+        for ((dst, to), copy) in dsts.into_iter().zip(copies) {
+            if copy {
+                self.copy_to(s, dst, src, len, to)?;
+            }
+        }
+        Ok(())
+    }
+
     fn reduce_to(
         &mut self,
         s: StreamId,
@@ -498,7 +524,14 @@ impl TaskSink for Recorder<'_> {
         self.rx(s, peer, src, len, true)
     }
 
-    fn read_async(&mut self, s: StreamId, peer: usize, dst: Mem, len: usize) -> Result<()> {
+    fn read_async(
+        &mut self,
+        s: StreamId,
+        peer: usize,
+        dst: Mem,
+        len: usize,
+        _: CopyTo,
+    ) -> Result<()> {
         self.tx(s, peer, dst, len, true)
     }
 

@@ -4,7 +4,7 @@
 use ampccl_runtime::{DataType, ReduceOp, Result};
 
 use super::*;
-use crate::resource::{AlgResourceRequest, BufKind, MAIN, Mem};
+use crate::resource::{AlgResourceRequest, BufKind, CopyTo, MAIN, Mem};
 
 type Run = fn(&OpParam, &mut AlgResourceResponse<'_>) -> Result<()>;
 
@@ -319,6 +319,21 @@ fn sink_rejections() {
     expect_rejected(&dtype, &p, &c, Reject::TypeMismatch);
     let overlap = Custom(mesh, |_, r| r.tasks.copy(MAIN, OUT.add(4), OUT, 8));
     expect_rejected(&overlap, &p, &c, Reject::Overlap);
+    // A tee's two destinations may not overlap at all; one of them may be the source.
+    fn tee(r: &mut AlgResourceResponse<'_>, second: Mem) -> Result<()> {
+        let dsts = [(OUT, CopyTo::Local), (second, CopyTo::Peer)];
+        r.tasks.copy_tee(MAIN, dsts, IN, 8)
+    }
+    let partly = Custom(mesh, |_, r| tee(r, OUT.add(4)));
+    expect_rejected(&partly, &p, &c, Reject::Overlap);
+    let fully = Custom(mesh, |_, r| tee(r, OUT));
+    expect_rejected(&fully, &p, &c, Reject::Overlap);
+    // Accepted (only the result is wrong: this is no allreduce).
+    let into_source = verify(&Custom(mesh, |_, r| tee(r, IN)), &p, &c);
+    assert!(
+        matches!(into_source, Err(VerifyError::WrongResult { .. })),
+        "{into_source:?}"
+    );
     // Receiving straight into the user output needs user-memory links.
     let direct = Custom(mesh, |p, r| {
         let (nb, peer) = (p.count * p.elem(), p.rank ^ 1);
@@ -338,7 +353,9 @@ fn sink_rejections() {
     // So does offering the user input for reading; reading into it is a write.
     let offer = Custom(mesh, |p, r| r.tasks.offer_async(MAIN, p.rank ^ 1, IN, 4));
     expect_rejected(&offer, &p2, &c, Reject::NotPeerAccessible);
-    let read = Custom(mesh, |p, r| r.tasks.read_async(MAIN, p.rank ^ 1, IN, 4));
+    let read = Custom(mesh, |p, r| {
+        r.tasks.read_async(MAIN, p.rank ^ 1, IN, 4, CopyTo::Local)
+    });
     expect_rejected(&read, &p2, &uml, Reject::ReadOnly);
     let bad_req = Custom(
         |p| AlgResourceRequest::with_peers(p.rank + 7, [p.rank]),
@@ -454,7 +471,7 @@ fn pull(p: &OpParam, res: &mut AlgResourceResponse<'_>, bug: &str) -> Result<()>
     } else {
         t.offer_async(MAIN, peer, mine, nb)?;
     }
-    t.read_async(MAIN, peer, theirs, nb)?;
+    t.read_async(MAIN, peer, theirs, nb, CopyTo::Local)?;
     if bug == "scribble" {
         t.copy(MAIN, mine, OUT, nb)?;
     }

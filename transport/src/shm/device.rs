@@ -11,6 +11,7 @@ use ampccl_runtime::copy::SharedCopy;
 use ampccl_runtime::doorbell::Doorbell;
 #[cfg(not(ampccl_loom))]
 use ampccl_runtime::doorbell::DoorbellWords;
+use ampccl_runtime::task::CopyTo;
 use ampccl_runtime::{Error, Result};
 
 use super::layout::*;
@@ -197,10 +198,11 @@ impl ShmDevice {
     }
 
     /// A one-sided transfer between local `[buf, buf+len)` and `peer`'s `(key, addr)`: into
-    /// the peer (`Write`) or out of it (`Read`, memory the peer offered).
+    /// the peer (`read` is `None`) or out of it (memory the peer offered, the copy stored as
+    /// `read` says).
     ///
     /// # Safety
-    /// `buf` must be valid for `len` reads (`Write`) or writes (`Read`).
+    /// `buf` must be valid for `len` reads (a write) or writes (a read).
     unsafe fn access(
         &self,
         peer: usize,
@@ -208,11 +210,15 @@ impl ShmDevice {
         len: usize,
         key: u32,
         addr: u64,
-        dir: cma::Direction,
+        read: Option<CopyTo>,
     ) -> Result<()> {
         if len == 0 {
             return Ok(());
         }
+        let dir = match read {
+            None => cma::Direction::Write,
+            Some(_) => cma::Direction::Read,
+        };
         let local = |remote: *mut u8| {
             let (dst, src) = match dir {
                 cma::Direction::Write => (remote, buf.cast_const()),
@@ -222,11 +228,10 @@ impl ShmDevice {
             // (bounds checked by the callers below); it does not touch it until our immediate
             // arrives (or, failed, until we are done here); `buf` is valid by contract; the two
             // lie in different buffers, so they do not overlap.
-            match dir {
+            match read {
                 // The peer reads what we write at once.
-                cma::Direction::Write => unsafe { self.stores[peer].copy(dst, src, len) },
-                // A read lands in its final place (see `RmaDevice::read`).
-                cma::Direction::Read => unsafe { ampccl_runtime::copy::copy_out(dst, src, len) },
+                None => unsafe { self.stores[peer].copy(dst, src, len) },
+                Some(to) => unsafe { ampccl_runtime::copy::copy_to(to, dst, src, len) },
             }
         };
         match key {
@@ -328,7 +333,7 @@ impl RmaDevice for ShmDevice {
         addr: u64,
     ) -> Result<()> {
         // SAFETY: `src` valid for `len` reads by contract.
-        unsafe { self.access(peer, src.cast_mut(), len, key, addr, cma::Direction::Write) }
+        unsafe { self.access(peer, src.cast_mut(), len, key, addr, None) }
     }
 
     unsafe fn read(
@@ -338,9 +343,10 @@ impl RmaDevice for ShmDevice {
         len: usize,
         key: u32,
         addr: u64,
+        to: CopyTo,
     ) -> Result<()> {
         // SAFETY: `dst` valid for `len` writes by contract.
-        unsafe { self.access(peer, dst, len, key, addr, cma::Direction::Read) }
+        unsafe { self.access(peer, dst, len, key, addr, Some(to)) }
     }
 
     fn write_imm(&self, peer: usize, slot: usize, imm: u32, len: u64) -> Result<()> {
