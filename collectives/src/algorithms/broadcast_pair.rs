@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! chunks in pairs j = (push 2j, pull 2j+1):
-//!   root:     offer(pull 0) ; for j: tx(push j) ; offer(pull j+1) ; own copies ; waits
+//!   root:     offer(pull 0) ; for j: tx(push j) ; offer(pull j+1) ; own copy (push j) ; waits
 //!   receiver: rx(push 0)    ; for j: rx(push j+1) ; read(pull j) ; waits ; copy out (push j)
 //! ```
 //! A push chunk is written by the root into the memory the receiver's clear-to-send names: its
@@ -12,6 +12,9 @@
 //! the memory the root's offer names: the root's input where that is shared, else a slot of the
 //! root's window the root copied the chunk into first. Which memory is named is each rank's own
 //! choice; the pattern of transfers is the same on both, so mixed setups match.
+//!
+//! Out of place the root copies each pull chunk into its output in the pass that stages it for
+//! the receiver ([`copy_tee`]: the input is read once), and each push chunk after sending it.
 //!
 //! With both ranks' buffers shared, every byte is copied once and the two halves are copied at
 //! the same time, as two threads of one process would (the 2-thread ceiling of
@@ -22,6 +25,7 @@
 //! only after pair `j` completed.
 //!
 //! [`SharedMem`]: ampccl_transport::shm::SharedMem
+//! [`copy_tee`]: crate::resource::TaskSink::copy_tee
 
 use ampccl_runtime::Result;
 
@@ -61,7 +65,7 @@ impl Executor for BroadcastPair {
             ChunkBound::new(res.ccl_in_size, p.elem()).sized(bytes, p.elem(), chunk_bytes(bytes));
         let pairs = Pairs { chunks };
         if p.rank == p.root {
-            root(p, res, peer, &pairs)
+            root(res, peer, &pairs)
         } else {
             receiver(res, peer, &pairs)
         }
@@ -94,12 +98,13 @@ impl Pairs {
     }
 }
 
-fn root(p: &OpParam, res: &mut AlgResourceResponse<'_>, peer: usize, pairs: &Pairs) -> Result<()> {
+fn root(res: &mut AlgResourceResponse<'_>, peer: usize, pairs: &Pairs) -> Result<()> {
     let input = Mem::of(BufKind::UserIn);
     let output = Mem::of(BufKind::UserOut);
     let shared = res.shared_user.input;
     let window = Window::new(res, pairs.slot_bytes().max(1));
-    // Offers the pull chunk of pair `j` (staged through slot `j` unless the input is shared).
+    // Offers the pull chunk of pair `j`, staged through slot `j` unless the input is shared; out
+    // of place the same pass copies it into the output.
     let offer = |res: &mut AlgResourceResponse<'_>, j: usize| -> Result<()> {
         let Some((off, len)) = pairs.pull(j) else {
             return Ok(());
@@ -107,11 +112,10 @@ fn root(p: &OpParam, res: &mut AlgResourceResponse<'_>, peer: usize, pairs: &Pai
         let at = if shared {
             input.add(off)
         } else {
-            let slot = window.slot(j);
-            res.tasks
-                .copy_to(MAIN, slot, input.add(off), len, CopyTo::Peer)?;
-            slot
+            window.slot(j)
         };
+        let dsts = [(at, CopyTo::Peer), (output.add(off), CopyTo::Local)];
+        res.tasks.copy_tee(MAIN, dsts, input.add(off), len)?;
         res.tasks.offer_async(MAIN, peer, at, len)
     };
     if pairs.len() > 0 {
@@ -123,12 +127,7 @@ fn root(p: &OpParam, res: &mut AlgResourceResponse<'_>, peer: usize, pairs: &Pai
         if j + 1 < pairs.len() {
             offer(res, j + 1)?;
         }
-        if !p.in_place {
-            // Both chunks of the pair: they are adjacent.
-            let both = len + pairs.pull(j).map_or(0, |(_, l)| l);
-            res.tasks
-                .copy(MAIN, output.add(off), input.add(off), both)?;
-        }
+        res.tasks.copy(MAIN, output.add(off), input.add(off), len)?;
         res.tasks.tx_wait_done(MAIN, peer)?;
         if let Some((_, len)) = pairs.pull(j) {
             res.tasks.offer_wait_done(MAIN, peer, len)?;

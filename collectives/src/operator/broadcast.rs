@@ -14,7 +14,12 @@
 //! -o broadcast -b 256K -e 32M -f 2 -n 40 -w 10`, 5 clean pairs), chain vs pair: 1 MiB
 //! 56.0/34.9 vs 50.9/29.8, 4 MiB 227/130 vs 239/117, 8 MiB 650/260 vs 692/268, 16 MiB
 //! 1897/809 vs 2060/836: the pair wins in place up to 4 MiB and ties beyond; out of place the
-//! chain wins from 4 MiB (the pair's root copies into its output besides).
+//! chain wins from 4 MiB (the pair's root copies into its output besides). Since the root
+//! stages each pull chunk and copies it into its output in one pass (a tee, session 16; `PERF_A=x
+//! PERF_B=x ab_probed.py 8 AMPCCL_ALGO_BROADCAST=BroadcastChain X=1 -o broadcast -b 1M -e 32M -f
+//! 2 -n 40 -w 10`, 6 clean pairs), chain vs pair: 1 MiB 55.9/33.8 vs 44.2/29.5, 4 MiB
+//! 243/132 vs 222/119, 8 MiB 791/279 vs 682/299, 16 MiB 2721/1039 vs 2340/986, 32 MiB
+//! 5318/2846 vs 4851/2919: the pair also wins out of place.
 
 use crate::executor::{Operator, SelectCtx};
 use crate::op::OpParam;
