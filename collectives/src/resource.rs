@@ -155,12 +155,7 @@ pub trait TaskSink {
         dsts: [(Mem, CopyTo); 2],
         src: Mem,
         len: usize,
-    ) -> Result<()> {
-        for (dst, to) in dsts {
-            self.copy_to(s, dst, src, len, to)?;
-        }
-        Ok(())
-    }
+    ) -> Result<()>;
     /// [`TaskSink::copy_to`] for this rank ([`CopyTo::Local`]).
     fn copy(&mut self, s: StreamId, dst: Mem, src: Mem, len: usize) -> Result<()> {
         self.copy_to(s, dst, src, len, CopyTo::Local)
@@ -178,6 +173,18 @@ pub trait TaskSink {
         operands: (Mem, Mem, Mem),
         count: usize,
         out: bool,
+    ) -> Result<()>;
+    /// [`TaskSink::reduce_to`] into `dst` (not streamed), and the result copied to `also.0`
+    /// as well, stored as `also.1` says: what the reduction and a copy would do, the copy
+    /// reading each block of the result while it is in the cache. `also.0` is disjoint from
+    /// `dst`, and from `a` and `b` unless it is one of them (in place).
+    fn reduce_tee(
+        &mut self,
+        s: StreamId,
+        kind: (DataType, ReduceOp),
+        operands: (Mem, Mem, Mem),
+        count: usize,
+        also: (Mem, CopyTo),
     ) -> Result<()>;
     /// [`TaskSink::reduce_to`], not streamed.
     fn reduce(

@@ -125,6 +125,39 @@ impl StreamSink<'_> {
         self.push(s, t)
     }
 
+    /// A `ReduceTee` task; none when empty.
+    fn reduce_tee_task(
+        &self,
+        s: StreamId,
+        (dtype, op): (DataType, ReduceOp),
+        (dst, a, b): (Mem, Mem, Mem),
+        count: usize,
+        also: (Mem, CopyTo),
+    ) -> Result<()> {
+        if count == 0 {
+            return Ok(());
+        }
+        let n = count * dtype.size();
+        let [dst, a, b, to] = [dst, a, b, also.0].map(|m| self.ptr(m, n));
+        let (dst, a, b, to) = (dst?, a?, b?, to?);
+        let overlaps = |p: *mut u8| (p as usize).abs_diff(to as usize) < n;
+        if overlaps(dst) || [a, b].into_iter().any(|p| p != to && overlaps(p)) {
+            return Err(bug(format!(
+                "reduction copied onto an operand ({also:?}+{n})"
+            )));
+        }
+        let t = Task::ReduceTee {
+            dtype,
+            op,
+            dst,
+            also: (to, also.1),
+            a,
+            b,
+            count,
+        };
+        self.push(s, t)
+    }
+
     fn push(&self, s: StreamId, t: Task) -> Result<()> {
         let st = self.stream(s)?;
         // SAFETY: every pointer in `t` was resolved by `ptr` inside a region the caller of the
@@ -163,6 +196,17 @@ impl TaskSink for StreamSink<'_> {
         out: bool,
     ) -> Result<()> {
         self.reduce_task(s, (dtype, op), operands, count, out)
+    }
+
+    fn reduce_tee(
+        &mut self,
+        s: StreamId,
+        kind: (DataType, ReduceOp),
+        operands: (Mem, Mem, Mem),
+        count: usize,
+        also: (Mem, CopyTo),
+    ) -> Result<()> {
+        self.reduce_tee_task(s, kind, operands, count, also)
     }
 
     fn finish_avg(

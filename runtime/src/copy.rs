@@ -361,7 +361,7 @@ unsafe fn copy_streaming_from(dst: *mut u8, src: *const u8, len: usize, min: usi
 /// # Safety
 /// As [`copy`]; where `stream`, the caller runs [`fence`] before anything that must see the
 /// bytes.
-unsafe fn copy_unfenced(dst: *mut u8, src: *const u8, len: usize, stream: bool) {
+pub(crate) unsafe fn copy_unfenced(dst: *mut u8, src: *const u8, len: usize, stream: bool) {
     #[cfg(target_arch = "x86_64")]
     if (stream || len >= VECTOR_MIN) && can_stream() {
         // SAFETY: AVX2 is present (checked above); the ranges are the caller's.
@@ -394,12 +394,7 @@ static TEE_TO_PEER: std::sync::LazyLock<SharedCopy> = std::sync::LazyLock::new(S
 /// # Safety
 /// As [`copy`] for each destination; the two destinations are disjoint.
 pub unsafe fn tee(dsts: [(*mut u8, CopyTo); 2], src: *const u8, len: usize) {
-    let write = |peer_streams: bool| {
-        let stream = dsts.map(|(_, to)| match to {
-            CopyTo::Local => len >= STREAM_MIN,
-            CopyTo::Output => len >= STREAM_OUT_MIN,
-            CopyTo::Peer => peer_streams,
-        });
+    with_tee_choice(dsts.map(|(_, to)| to), len, |stream| {
         let mut off = 0;
         while off < len {
             let n = TEE_BLOCK.min(len - off);
@@ -409,14 +404,32 @@ pub unsafe fn tee(dsts: [(*mut u8, CopyTo); 2], src: *const u8, len: usize) {
             }
             off += n;
         }
+    });
+}
+
+/// Runs `write` of `len` bytes to destinations stored for `tos`, passing whether each one
+/// streams (as [`copy_to`] decides; for [`CopyTo::Peer`] by the store choice of tees), and
+/// fences after it where one streamed. `write` copies with [`copy_unfenced`].
+pub(crate) fn with_tee_choice<const N: usize>(
+    tos: [CopyTo; N],
+    len: usize,
+    write: impl FnOnce([bool; N]),
+) {
+    let run = |peer_streams: bool| {
+        let stream = tos.map(|to| match to {
+            CopyTo::Local => len >= STREAM_MIN,
+            CopyTo::Output => len >= STREAM_OUT_MIN,
+            CopyTo::Peer => peer_streams,
+        });
+        write(stream);
         if stream.contains(&true) {
             fence();
         }
     };
-    if dsts.iter().any(|&(_, to)| to == CopyTo::Peer) {
-        TEE_TO_PEER.stores.run(len, write);
+    if tos.contains(&CopyTo::Peer) {
+        TEE_TO_PEER.stores.run(len, run);
     } else {
-        write(false);
+        run(false);
     }
 }
 

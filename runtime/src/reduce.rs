@@ -162,6 +162,43 @@ unsafe fn reduce_streaming(
     crate::copy::fence();
 }
 
+/// As [`reduce`] into `dst` (plain stores), and the result copied to `also.0` as well, stored
+/// for who reads it next (`also.1`, as [`crate::copy::tee`] stores): block by block
+/// ([`crate::copy::TEE_BLOCK`]), so the copy reads each block of the result from the L1 cache
+/// instead of in a second pass over it.
+///
+/// # Safety
+/// As [`reduce`]; `also.0` is valid for `count` elements of writes, disjoint from `dst`, and
+/// disjoint from `a` and `b` or equal to one of them (each block of an operand is read before
+/// the same block of `also.0` is written).
+pub unsafe fn reduce_tee(
+    dtype: DataType,
+    op: ReduceOp,
+    dst: *mut u8,
+    also: (*mut u8, crate::task::CopyTo),
+    a: *const u8,
+    b: *const u8,
+    count: usize,
+) {
+    let size = dtype.size();
+    crate::copy::with_tee_choice([also.1], count * size, |[stream]| {
+        let per = crate::copy::TEE_BLOCK / size;
+        let mut i = 0;
+        while i < count {
+            let (n, off) = (per.min(count - i), i * size);
+            // SAFETY: `i + n <= count`: inside the caller's ranges; `dst` may be `a` or `b` as
+            // for `reduce`; `also.0` is disjoint from `dst`, and from `a` and `b` unless it is
+            // one of them, whose block was read by the reduction just before (the caller's
+            // contract).
+            unsafe {
+                reduce(dtype, op, dst.add(off), a.add(off), b.add(off), n);
+                crate::copy::copy_unfenced(also.0.add(off), dst.add(off), n * size, stream);
+            }
+            i += n;
+        }
+    });
+}
+
 /// `dst[i] /= n` — the last step of `Avg`.
 ///
 /// Integer types divide with truncation toward zero (exactly, whatever the size of `n`); `f32` and
@@ -1084,11 +1121,58 @@ mod tests {
     type Kernel = unsafe fn(DataType, ReduceOp, *mut u8, *const u8, *const u8, usize);
 
     /// The entry points and whether each takes operands that alias the destination.
-    const KERNELS: [(&str, Kernel, bool); 3] = [
+    const KERNELS: [(&str, Kernel, bool); 4] = [
         ("reduce", reduce, true),
         ("reduce_out", reduce_out, true),
         ("reduce_streaming", reduce_streaming, false),
+        ("reduce_tee", reduce_tee_checked, true),
     ];
+
+    /// [`reduce_tee`] with its copy in a buffer of its own, which must then hold exactly what
+    /// it left in `dst` (stored as an output; at these counts plainly, in one block or several).
+    ///
+    /// # Safety
+    /// As [`reduce`].
+    unsafe fn reduce_tee_checked(
+        dtype: DataType,
+        op: ReduceOp,
+        dst: *mut u8,
+        a: *const u8,
+        b: *const u8,
+        count: usize,
+    ) {
+        let n = count * dtype.size();
+        let mut copy = vec![0xA5u8; n + 1];
+        // SAFETY: the caller's ranges; `copy` holds `n` bytes of its own.
+        let result = unsafe {
+            let to = (copy.as_mut_ptr(), crate::task::CopyTo::Output);
+            reduce_tee(dtype, op, dst, to, a, b, count);
+            std::slice::from_raw_parts(dst, n)
+        };
+        assert!(
+            copy[..n] == *result,
+            "reduce_tee's copy of {count} {dtype:?}"
+        );
+        assert_eq!(copy[n], 0xA5, "reduce_tee wrote past its copy");
+    }
+
+    /// `reduce_tee` copying its result onto an operand (in place: each block of the operand
+    /// is read before it is overwritten) leaves the reduction there.
+    #[test]
+    fn reduce_tee_onto_an_operand() {
+        let count = crate::copy::TEE_BLOCK / 4 * 3 + 5;
+        let a0: Vec<f32> = (0..count).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..count).map(|i| (2 * i) as f32).collect();
+        let (mut a, mut staged) = (a0.clone(), vec![0f32; count]);
+        let to = (a.as_mut_ptr().cast(), crate::task::CopyTo::Local);
+        // SAFETY: three vectors of `count` elements; the copy goes onto `a`, an operand.
+        unsafe {
+            let (s, bp) = (staged.as_mut_ptr().cast(), b.as_ptr().cast());
+            reduce_tee(DataType::F32, ReduceOp::Sum, s, to, to.0, bp, count);
+        }
+        let want: Vec<f32> = (0..count).map(|i| (3 * i) as f32).collect();
+        assert_eq!((a, staged), (want.clone(), want));
+    }
 
     /// Runs `kernel` (and `finish_avg` for `Avg`) in `shape` at element offset `off` (to start
     /// the slices off vector alignment) and compares every element with the scalar reference.

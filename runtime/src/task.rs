@@ -117,6 +117,17 @@ pub enum Task {
         /// ([`crate::reduce::reduce_out`]: streaming stores).
         out: bool,
     },
+    /// As `Reduce` (not `out`), and the result copied to `also` as well, stored for who reads
+    /// it next, while each block of it is in the cache ([`reduce::reduce_tee`]).
+    ReduceTee {
+        dtype: DataType,
+        op: ReduceOp,
+        dst: *mut u8,
+        also: (*mut u8, CopyTo),
+        a: *const u8,
+        b: *const u8,
+        count: usize,
+    },
     /// `dst[i] /= n`, the end of `Avg`.
     FinishAvg {
         dtype: DataType,
@@ -176,6 +187,19 @@ impl Task {
                 unsafe { f(*dtype, *op, *dst, *a, *b, *count) };
                 Poll::Ready(Ok(()))
             }
+            Task::ReduceTee {
+                dtype,
+                op,
+                dst,
+                also,
+                a,
+                b,
+                count,
+            } => {
+                // SAFETY: valid, aligned and disjoint by the enqueue contract.
+                unsafe { reduce::reduce_tee(*dtype, *op, *dst, *also, *a, *b, *count) };
+                Poll::Ready(Ok(()))
+            }
             Task::FinishAvg {
                 dtype,
                 dst,
@@ -226,6 +250,12 @@ impl fmt::Debug for Task {
                 dtype, op, count, ..
             } => {
                 write!(f, "{} reduction of {count} {}", op.name(), dtype.name())
+            }
+            Task::ReduceTee {
+                dtype, op, count, ..
+            } => {
+                let (op, ty) = (op.name(), dtype.name());
+                write!(f, "{op} reduction of {count} {ty}, copied on")
             }
             Task::FinishAvg { count, .. } => write!(f, "average of {count} elements"),
             Task::Record(_) => write!(f, "notify record"),

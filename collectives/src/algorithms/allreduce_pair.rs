@@ -4,21 +4,31 @@
 //! ```text
 //! per round (one slot's worth of each rank's half):
 //!   rx(peer's piece of my half → CclIn slot) ── tx(my piece of the peer's half → peer's slot)
-//!   ── both done ── reduce(my input + slot → CclOut) ── offer(CclOut)
-//!   ── copy_out(CclOut → my output) ── read(peer's CclOut → my output) ── both done
+//!   ── both done ── reduce(my input + slot → CclOut, each block copied on to my output)
+//!   ── offer(CclOut) ── read(peer's CclOut → my output) ── both done
 //! ```
 //! The ring ([`super::allreduce_ring`]) on 2 ranks reduces into the output and then sends the
 //! reduced half to the peer, which copies it into its output (through its window since
 //! session 10, with cross-memory attach before; the figures below are from then). Both
 //! stores miss the cache, and each first reads the line it is about to overwrite (read for
 //! ownership), so each output byte costs three bytes of memory traffic. Here the reduction
-//! lands in `CclOut`, a cache-resident piece of the shared window. Each rank then copies its own result into its
-//! output and reads the peer's result out of the peer's window (a read offer) into its output,
-//! with streaming stores in both cases: two bytes of traffic per output byte, and the two
-//! ranks still copy at the same time. It costs one more pass over each half. So it pays only
-//! once the outputs far exceed the cache ([`MIN_BYTES`]). In place, with links that reach user
-//! memory, a rank reduces straight into its output and offers it from there (no extra pass,
-//! nothing to stream). Without such links every transfer goes through the windows.
+//! lands in `CclOut`, a cache-resident piece of the shared window. Each rank copies its own
+//! result into its output and reads the peer's result out of the peer's window (a read offer)
+//! into its output, with streaming stores in both cases: two bytes of traffic per output byte,
+//! and the two ranks still copy at the same time. It costs one more pass over each half, so it
+//! pays only once the outputs far exceed the cache ([`MIN_BYTES`]). In place, with links that
+//! reach user memory, a rank reduces straight into its output and offers it from there (no
+//! extra pass, nothing to stream). Without such links every transfer goes through the windows.
+//!
+//! The copy into the own output takes each block of the result while it is in the L1 cache
+//! ([`reduce_tee`]; an average, final only after its division, is copied afterwards). µs out
+//! of place, the clean pairs of 6 alternated runs of the two builds (session 16, `ab_probed.py
+//! 6 X=1 X=1 -o allreduce -b 8M -e 64M -f 2 -n 20 -w 5`), a separate copy vs a copy per
+//! block: 16 MiB 2370 → 2152, 32 MiB 6048 → 5019, 64 MiB 10752 → 10129; in place alike. Inside
+//! the cache the pair still loses to one-shot and the ring (forced, 1 MiB 55.3/76.1 against
+//! 57.0/49.4 µs out of place / in place, 4 MiB 329/289 against 306/194).
+//!
+//! [`reduce_tee`]: crate::resource::TaskSink::reduce_tee
 
 use ampccl_runtime::{ReduceOp, Result};
 
@@ -65,6 +75,11 @@ impl Executor for AllReducePair {
         // whichever memory the offer names, so the two ranks may choose differently.
         let direct = (p.in_place && res.user_mem_links) || res.shared_user.output;
         let staged = Mem::of(BufKind::CclOut);
+        let own_to = if res.beyond_cache(p.count * e) {
+            CopyTo::Output
+        } else {
+            CopyTo::Local
+        };
         for (start, len) in rounds(p.count, 2 * piece) {
             let halves = Blocks {
                 count: len,
@@ -78,16 +93,21 @@ impl Executor for AllReducePair {
             t.tx_async(MAIN, peer, input.add(to), tl * e)?;
             t.rx_wait_done(MAIN, peer, ml * e)?;
             t.tx_wait_done(MAIN, peer)?;
-            let at = if direct { output.add(mo) } else { staged };
-            t.reduce(MAIN, p.dtype, p.op, at, input.add(mo), slot, ml)?;
-            if p.op == ReduceOp::Avg {
-                t.finish_avg(MAIN, p.dtype, at, ml, 2)?;
+            let (at, own) = (if direct { output.add(mo) } else { staged }, output.add(mo));
+            if direct || p.op == ReduceOp::Avg {
+                // Straight into the output, or an average (final only after the division):
+                // reduce, divide, copy.
+                t.reduce(MAIN, p.dtype, p.op, at, input.add(mo), slot, ml)?;
+                if p.op == ReduceOp::Avg {
+                    t.finish_avg(MAIN, p.dtype, at, ml, 2)?;
+                }
+                t.copy_to(MAIN, own, at, ml * e, own_to)?;
+            } else {
+                let operands = (staged, input.add(mo), slot);
+                t.reduce_tee(MAIN, (p.dtype, p.op), operands, ml, (own, own_to))?;
             }
             t.offer_async(MAIN, peer, at, ml * e)?;
-            if !direct {
-                t.copy_to(MAIN, output.add(mo), staged, ml * e, CopyTo::Output)?;
-            }
-            t.read_async(MAIN, peer, output.add(to), tl * e, CopyTo::Output)?;
+            t.read_async(MAIN, peer, output.add(to), tl * e, own_to)?;
             t.tx_wait_done(MAIN, peer)?;
             t.offer_wait_done(MAIN, peer, ml * e)?;
         }

@@ -431,6 +431,35 @@ impl TaskSink for Recorder<'_> {
         Ok(())
     }
 
+    /// As the real sink: the copy's destination overlaps neither `dst` nor, unless it is one of
+    /// them, `a` or `b`.
+    fn reduce_tee(
+        &mut self,
+        s: StreamId,
+        (dtype, rop): (DataType, ReduceOp),
+        (dst, a, b): (Mem, Mem, Mem),
+        count: usize,
+        also: (Mem, CopyTo),
+    ) -> Result<()> {
+        let n = count * dtype.size();
+        let (mt, xt, yt) = self.layout.range(also.0, n);
+        for (m, may_be) in [(dst, false), (a, true), (b, true)] {
+            let (mm, xm, ym) = self.layout.range(m, n);
+            let equal = (mm, xm) == (mt, xt);
+            if n > 0 && mm == mt && xm < yt && xt < ym && !(may_be && equal) {
+                let op = Op::Copy {
+                    dst: also.0,
+                    src: dst,
+                    len: n,
+                };
+                let msg = format!("reduction copied onto its operand {m:?}");
+                return Err(self.reject(s, &op, Reject::Overlap, msg));
+            }
+        }
+        self.reduce_to(s, dtype, rop, (dst, a, b), count, false)?;
+        self.copy_to(s, also.0, dst, n, also.1)
+    }
+
     fn reduce_to(
         &mut self,
         s: StreamId,
