@@ -13,6 +13,9 @@
 //! a smaller size, for callers that know the destination is an operation's output that
 //! nothing reads again soon.
 //!
+//! Where one source goes to two places (an operation's own output and memory a peer reads),
+//! [`tee`] copies it in one pass, block by block, each destination stored for its reader.
+//!
 //! Streaming stores are weakly ordered: [`copy`] ends with `sfence`, so a release store after
 //! it (a completion flag another process polls) is ordered after the copied data, as it is after
 //! a plain `memcpy`.
@@ -494,22 +497,12 @@ unsafe fn vector_avx2<const STREAM: bool>(dst: *mut u8, src: *const u8, len: usi
     unsafe { std::ptr::copy_nonoverlapping(src.add(i), dst.add(i), len - i) };
 }
 
-/// Whether [`stream_unfenced`] streams (x86-64 with AVX2).
+/// Whether [`copy_unfenced`] can stream (x86-64 with AVX2).
 pub(crate) fn can_stream() -> bool {
     #[cfg(target_arch = "x86_64")]
     return std::arch::is_x86_feature_detected!("avx2");
     #[cfg(not(target_arch = "x86_64"))]
     false
-}
-
-/// Copies `len` bytes with streaming stores where [`can_stream`] (else `memcpy`), without the
-/// closing [`fence`]: for callers that stream many pieces and fence once after the last.
-///
-/// # Safety
-/// As [`copy`]; the caller runs [`fence`] before anything that must see the bytes.
-pub(crate) unsafe fn stream_unfenced(dst: *mut u8, src: *const u8, len: usize) {
-    // SAFETY: forwarded.
-    unsafe { copy_unfenced(dst, src, len, true) }
 }
 
 /// Orders streaming stores (which are weakly ordered) before every later store, as a release

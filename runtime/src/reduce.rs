@@ -155,7 +155,7 @@ unsafe fn reduce_streaming(
         unsafe {
             let off = i * size;
             reduce(dtype, op, block.0.as_mut_ptr(), a.add(off), b.add(off), n);
-            crate::copy::stream_unfenced(dst.add(off), block.0.as_ptr(), n * size);
+            crate::copy::copy_unfenced(dst.add(off), block.0.as_ptr(), n * size, true);
         }
         i += n;
     }
