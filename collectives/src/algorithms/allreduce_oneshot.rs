@@ -2,12 +2,23 @@
 //! every peer's CCL input buffer, then reduces the `P` contributions in rank order — one round
 //! of messages, and bitwise identical results on every rank (same order of operations).
 //! Needs `P * bytes` of CCL buffer; the operator selects it only for small messages.
+//!
+//! The slots rotate through the window from call to call ([`Window`]) instead of staying at
+//! fixed offsets, where every call's writes landed on the lines the receiving core had just
+//! read. µs out of place / in place, 2 ranks, 3 alternated runs each (session 16, `ampccl-perf
+//! -g 2 -o allreduce -b 8K -e 256K -f 2 -n 2000 -w 200`, and `-b 512K -e 2M -n 300 -w 50`, the
+//! fixed offsets set by a temporary variable), fixed vs rotating: 16 KiB 3.0/2.9 vs 2.0–2.3/
+//! 1.8–2.0, 64 KiB 10.8–11.6/10.4–11.4 vs 5.8–7.2/5.4–6.0, 128 KiB 21.6–24.3/20.4–23.1 vs
+//! 10.0–11.1/9.2–10.2, 512 KiB 46.8–47.9/52.5–53.8 vs 31.3–31.6/28.3–29.0; 1 MiB alike; 8 B to
+//! 4 KiB alike (0.43–0.50 µs at 8 B). 3 ranks (`-g 3 -b 1K -e 64K -f 4`, 2 runs): 16 KiB
+//! 11.7–12.0/12.6–12.7 vs 9.8–10.0/10.8–11.0, 64 KiB 29.3–29.6/30.5–34.4 vs 20.9–21.1/23.6–23.8.
 
 use ampccl_runtime::{ReduceOp, Result};
 
 use crate::executor::Executor;
 use crate::op::OpParam;
 use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, MAIN, Mem};
+use crate::steps::window::Window;
 
 pub struct AllReduceOneShot;
 
@@ -22,7 +33,18 @@ impl Executor for AllReduceOneShot {
         if n == 0 {
             return Ok(());
         }
-        let slot = |r: usize| Mem::of(BufKind::CclIn).add(r * nb);
+        // Slot `r` receives rank `r`'s input: rotating where the window holds `world` slots
+        // (slots lie whole cache lines apart), else at fixed offsets (`world * nb` fits the
+        // buffer: the operator's bound).
+        let window = Window::new(res, nb);
+        let rotate = window.holds(world);
+        let slot = |r: usize| {
+            if rotate {
+                window.slot(r)
+            } else {
+                Mem::of(BufKind::CclIn).add(r * nb)
+            }
+        };
         let out = Mem::of(BufKind::UserOut);
         if world == 1 {
             if !p.in_place {

@@ -91,6 +91,11 @@ impl<'a> Window<'a> {
         }
     }
 
+    /// Whether any `n` consecutive slots are pairwise disjoint (the window holds `n` slots).
+    pub fn holds(&self, n: usize) -> bool {
+        self.count >= n
+    }
+
     /// Slot `k` of this call; the next call starts after it.
     pub fn slot(&self, k: usize) -> Mem {
         let i = (self.first + k) % self.count;
@@ -142,6 +147,16 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A window holds as many disjoint slots as fit whole cache lines apart.
+    #[test]
+    fn a_window_holds_the_slots_that_fit() {
+        let cursor = Cell::new(0);
+        let w = Window::over(0, 1000, &cursor, 100);
+        assert!(w.holds(7) && !w.holds(8));
+        let w = Window::over(0, 256, &cursor, 8);
+        assert!(w.holds(4) && !w.holds(5));
     }
 
     /// Slots of a large buffer rotate over its first `SPAN` bytes, or over two slots where

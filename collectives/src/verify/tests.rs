@@ -218,3 +218,33 @@ fn operator_selection_is_verified() {
         }
     }
 }
+
+/// One-shot's receive slots rotate only where the window holds one per rank (slots lie whole
+/// cache lines apart): a CCL buffer that fits the inputs but not as many whole-line slots
+/// (4 ranks × 60 bytes in 240) takes fixed offsets, from any cursor.
+#[test]
+fn one_shot_fits_a_buffer_of_exactly_its_inputs() {
+    let reg = Registry::builtin();
+    let entry = reg.list().find(|e| e.name == "AllReduceOneShot").unwrap();
+    for in_place in [false, true] {
+        let p = OpParam {
+            kind: OpKind::AllReduce,
+            count: 15,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+            root: 0,
+            rank: 0,
+            world: 4,
+            in_place,
+            seq: 0,
+        };
+        for window_cursor in [0, 64, 200] {
+            let cfg = VerifyConfig {
+                ccl_size: 240,
+                window_cursor,
+                ..Default::default()
+            };
+            verify_entry(&reg, entry, &p, &cfg).unwrap();
+        }
+    }
+}
