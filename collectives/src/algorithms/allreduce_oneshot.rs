@@ -34,16 +34,14 @@ impl Executor for AllReduceOneShot {
             return Ok(());
         }
         // Slot `r` receives rank `r`'s input: rotating where the window holds `world` slots
-        // (slots lie whole cache lines apart), else at fixed offsets (`world * nb` fits the
-        // buffer: the operator's bound).
-        let window = Window::new(res, nb);
-        let rotate = window.holds(world);
-        let slot = |r: usize| {
-            if rotate {
-                window.slot(r)
-            } else {
-                Mem::of(BufKind::CclIn).add(r * nb)
-            }
+        // (slots lie whole cache lines apart), else at fixed offsets (which the sink refuses
+        // where even those exceed the buffer: the operator never selects that).
+        let window = (world * nb <= res.ccl_in_size)
+            .then(|| Window::new(res, nb))
+            .filter(|w| w.holds(world));
+        let slot = |r: usize| match &window {
+            Some(w) => w.slot(r),
+            None => Mem::of(BufKind::CclIn).add(r * nb),
         };
         let out = Mem::of(BufKind::UserOut);
         if world == 1 {
