@@ -221,15 +221,16 @@ fn operator_selection_is_verified() {
 
 /// One-shot's receive slots rotate only where the window holds one per rank (slots lie whole
 /// cache lines apart): a CCL buffer that fits the inputs but not as many whole-line slots
-/// (4 ranks × 60 bytes in 240) takes fixed offsets, from any cursor.
+/// (4 ranks × 8196 bytes in 32784) takes fixed offsets, from any cursor.
 #[test]
 fn one_shot_fits_a_buffer_of_exactly_its_inputs() {
+    use crate::algorithms::allreduce_oneshot::ROTATE_MIN;
     let reg = Registry::builtin();
     let entry = reg.list().find(|e| e.name == "AllReduceOneShot").unwrap();
     for in_place in [false, true] {
         let p = OpParam {
             kind: OpKind::AllReduce,
-            count: 15,
+            count: ROTATE_MIN / 4 + 1,
             dtype: DataType::F32,
             op: ReduceOp::Sum,
             root: 0,
@@ -238,9 +239,9 @@ fn one_shot_fits_a_buffer_of_exactly_its_inputs() {
             in_place,
             seq: 0,
         };
-        for window_cursor in [0, 64, 200] {
+        for window_cursor in [0, 64, 20000] {
             let cfg = VerifyConfig {
-                ccl_size: 240,
+                ccl_size: 4 * (ROTATE_MIN + 4),
                 window_cursor,
                 ..Default::default()
             };
