@@ -72,34 +72,6 @@ impl StreamSink<'_> {
         self.push(s, Task::Copy { dst, src, len, to })
     }
 
-    /// A `Tee` task; a `Copy` where one destination is the source (in place), none where both
-    /// are.
-    fn tee_task(&self, s: StreamId, dsts: [(Mem, CopyTo); 2], src: Mem, len: usize) -> Result<()> {
-        if len == 0 {
-            return Ok(());
-        }
-        let from = self.ptr(src, len)?;
-        let [a, b] = [self.ptr(dsts[0].0, len)?, self.ptr(dsts[1].0, len)?];
-        if std::ptr::eq(a, from) {
-            return self.copy_task(s, dsts[1].0, src, len, dsts[1].1);
-        }
-        if std::ptr::eq(b, from) {
-            return self.copy_task(s, dsts[0].0, src, len, dsts[0].1);
-        }
-        if (a as usize).abs_diff(b as usize) < len {
-            return Err(bug(format!("tee into overlapping {dsts:?}+{len}")));
-        }
-        let dsts = [(a, dsts[0].1), (b, dsts[1].1)];
-        self.push(
-            s,
-            Task::Tee {
-                dsts,
-                src: from,
-                len,
-            },
-        )
-    }
-
     /// A `Reduce` task of `count` elements (`out`: into an output, streaming); none when empty.
     fn reduce_task(
         &self,
@@ -125,39 +97,6 @@ impl StreamSink<'_> {
         self.push(s, t)
     }
 
-    /// A `ReduceTee` task; none when empty.
-    fn reduce_tee_task(
-        &self,
-        s: StreamId,
-        (dtype, op): (DataType, ReduceOp),
-        (dst, a, b): (Mem, Mem, Mem),
-        count: usize,
-        also: (Mem, CopyTo),
-    ) -> Result<()> {
-        if count == 0 {
-            return Ok(());
-        }
-        let n = count * dtype.size();
-        let [dst, a, b, to] = [dst, a, b, also.0].map(|m| self.ptr(m, n));
-        let (dst, a, b, to) = (dst?, a?, b?, to?);
-        let overlaps = |p: *mut u8| (p as usize).abs_diff(to as usize) < n;
-        if overlaps(dst) || [a, b].into_iter().any(|p| p != to && overlaps(p)) {
-            return Err(bug(format!(
-                "reduction copied onto an operand ({also:?}+{n})"
-            )));
-        }
-        let t = Task::ReduceTee {
-            dtype,
-            op,
-            dst,
-            also: (to, also.1),
-            a,
-            b,
-            count,
-        };
-        self.push(s, t)
-    }
-
     fn push(&self, s: StreamId, t: Task) -> Result<()> {
         let st = self.stream(s)?;
         // SAFETY: every pointer in `t` was resolved by `ptr` inside a region the caller of the
@@ -165,6 +104,11 @@ impl StreamSink<'_> {
         unsafe { st.enqueue(t) };
         Ok(())
     }
+}
+
+/// Whether `n`-byte ranges at `x` and `y` overlap.
+fn overlap(x: *const u8, y: *const u8, n: usize) -> bool {
+    (x as usize).abs_diff(y as usize) < n
 }
 
 fn bug(msg: String) -> Error {
@@ -183,7 +127,29 @@ impl TaskSink for StreamSink<'_> {
         src: Mem,
         len: usize,
     ) -> Result<()> {
-        self.tee_task(s, dsts, src, len)
+        if len == 0 {
+            return Ok(());
+        }
+        let from = self.ptr(src, len)?;
+        let [a, b] = [self.ptr(dsts[0].0, len)?, self.ptr(dsts[1].0, len)?];
+        if std::ptr::eq(a, from) {
+            return self.copy_task(s, dsts[1].0, src, len, dsts[1].1);
+        }
+        if std::ptr::eq(b, from) {
+            return self.copy_task(s, dsts[0].0, src, len, dsts[0].1);
+        }
+        if overlap(a, b, len) {
+            return Err(bug(format!("tee into overlapping {dsts:?}+{len}")));
+        }
+        let dsts = [(a, dsts[0].1), (b, dsts[1].1)];
+        self.push(
+            s,
+            Task::Tee {
+                dsts,
+                src: from,
+                len,
+            },
+        )
     }
 
     fn reduce_to(
@@ -201,12 +167,32 @@ impl TaskSink for StreamSink<'_> {
     fn reduce_tee(
         &mut self,
         s: StreamId,
-        kind: (DataType, ReduceOp),
-        operands: (Mem, Mem, Mem),
+        (dtype, op): (DataType, ReduceOp),
+        (dst, a, b): (Mem, Mem, Mem),
         count: usize,
         also: (Mem, CopyTo),
     ) -> Result<()> {
-        self.reduce_tee_task(s, kind, operands, count, also)
+        if count == 0 {
+            return Ok(());
+        }
+        let n = count * dtype.size();
+        let [dst, a, b, to] = [dst, a, b, also.0].map(|m| self.ptr(m, n));
+        let (dst, a, b, to) = (dst?, a?, b?, to?);
+        if overlap(dst, to, n) || [a, b].into_iter().any(|p| p != to && overlap(p, to, n)) {
+            return Err(bug(format!(
+                "reduction copied onto an operand ({also:?}+{n})"
+            )));
+        }
+        let t = Task::ReduceTee {
+            dtype,
+            op,
+            dst,
+            also: (to, also.1),
+            a,
+            b,
+            count,
+        };
+        self.push(s, t)
     }
 
     fn finish_avg(

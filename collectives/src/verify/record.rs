@@ -283,9 +283,14 @@ impl<'a> Recorder<'a> {
     }
 
     /// Rejects partially overlapping operands (identical ones are fine for reduce).
-    fn disjoint(&mut self, s: StreamId, op: &Op, x: Mem, y: Mem, len: usize) -> Result<()> {
+    /// Whether `len`-byte ranges at `x` and `y` share a byte.
+    fn overlap(&self, x: Mem, y: Mem, len: usize) -> bool {
         let ((mx, ax, bx), (my, ay, by)) = (self.layout.range(x, len), self.layout.range(y, len));
-        if mx == my && ax < by && ay < bx && ax != ay {
+        mx == my && ax < by && ay < bx
+    }
+
+    fn disjoint(&mut self, s: StreamId, op: &Op, x: Mem, y: Mem, len: usize) -> Result<()> {
+        if self.overlap(x, y, len) && self.layout.range(x, len) != self.layout.range(y, len) {
             let msg = format!("operands {x:?} and {y:?} overlap partially");
             return Err(self.reject(s, op, Reject::Overlap, msg));
         }
@@ -416,9 +421,8 @@ impl TaskSink for Recorder<'_> {
     ) -> Result<()> {
         let from = self.layout.range(src, len);
         let [(a, _), (b, _)] = dsts;
-        let ((ma, xa, ya), (mb, xb, yb)) = (self.layout.range(a, len), self.layout.range(b, len));
-        let copies = [(ma, xa, ya), (mb, xb, yb)].map(|r| r != from);
-        if copies == [true, true] && ma == mb && xa < yb && xb < ya {
+        let copies = [a, b].map(|m| self.layout.range(m, len) != from);
+        if copies == [true, true] && self.overlap(a, b, len) {
             let op = Op::Copy { dst: b, src, len };
             let msg = format!("tee destinations {a:?} and {b:?} overlap");
             return Err(self.reject(s, &op, Reject::Overlap, msg));
@@ -442,11 +446,10 @@ impl TaskSink for Recorder<'_> {
         also: (Mem, CopyTo),
     ) -> Result<()> {
         let n = count * dtype.size();
-        let (mt, xt, yt) = self.layout.range(also.0, n);
+        let at = self.layout.range(also.0, n);
         for (m, may_be) in [(dst, false), (a, true), (b, true)] {
-            let (mm, xm, ym) = self.layout.range(m, n);
-            let equal = (mm, xm) == (mt, xt);
-            if n > 0 && mm == mt && xm < yt && xt < ym && !(may_be && equal) {
+            let equal = self.layout.range(m, n) == at;
+            if self.overlap(m, also.0, n) && !(may_be && equal) {
                 let op = Op::Copy {
                     dst: also.0,
                     src: dst,
