@@ -397,7 +397,7 @@ impl Job {
                         reduce_into(at(mine.output, s), rank * cout + s, l);
                     }
                 }
-                Coll::AllGather if cin * e >= copy::STREAM_MIN => {
+                Coll::AllGather if cin * e >= copy::STREAM_MIN.bytes() => {
                     let o = rank * cin;
                     copy::copy(at(mine.output, o), mine.input, cin * e);
                     copy::copy(at(peer.output, o), mine.input, cin * e);

@@ -10,6 +10,7 @@
 //! - [`reduce`]: reduction kernels for every [`dtype::DataType`] × [`dtype::ReduceOp`].
 //! - [`mem`]: aligned host buffers and regions.
 //! - [`copy`]: the stream tasks' bulk copy (streaming stores for large copies).
+//! - [`param`]: tuned constants with their environment overrides (`docs/TUNING.md`).
 //! - [`sync`]: std or loom atomics (`--cfg ampccl_loom`).
 
 pub mod copy;
@@ -23,6 +24,7 @@ pub mod error;
 pub mod futex;
 pub mod mem;
 pub mod notify;
+pub mod param;
 pub mod reduce;
 pub mod stream;
 pub mod sync;

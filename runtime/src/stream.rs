@@ -27,7 +27,7 @@ use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// Engines and streams are shared with `std`'s Arc (method receivers need it; it guards no state).
 type EngineArc = Arc<EngineInner>;
-use crate::task::Task;
+use crate::task::{Completion, Task};
 
 /// How often a stuck task is asked about its peers' health.
 const HEALTH_INTERVAL: Duration = Duration::from_millis(100);
@@ -292,7 +292,7 @@ impl Stream {
     /// of the same engine).
     pub fn wait_event(&self, event: &Event) {
         // SAFETY: the task holds no pointers.
-        unsafe { self.enqueue(Task::WaitEvent(event.clone())) }
+        unsafe { self.enqueue(Task::WaitEvent(Box::new(event.clone()))) }
     }
 
     /// `None` while work is queued; otherwise the stream's status.
@@ -347,6 +347,12 @@ impl Event {
             return r;
         }
         self.engine.wait_until(|| self.status())
+    }
+}
+
+impl Completion for Event {
+    fn status(&self) -> Option<Result<()>> {
+        Event::status(self)
     }
 }
 

@@ -11,7 +11,6 @@ use crate::dtype::{DataType, ReduceOp};
 use crate::error::Result;
 use crate::notify::Notify;
 use crate::reduce;
-use crate::stream::Event;
 use std::sync::Arc;
 
 /// One of HCCL's link primitives, with the sequence number assigned when it was enqueued.
@@ -73,21 +72,16 @@ pub trait LinkDriver: Send + Sync {
     fn peer_desc(&self) -> String;
 }
 
+/// Something that completes, with a result: what [`Task::WaitEvent`] waits for.
+pub trait Completion: Send + Sync {
+    /// `None` while pending, else the result.
+    fn status(&self) -> Option<Result<()>>;
+}
+
 /// A host callback task: polled until it returns `Ready`.
 pub type Callback = Box<dyn FnMut() -> Poll<Result<()>> + Send>;
 
-/// Who reads a copy's bytes next, which decides how they are stored.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CopyTo {
-    /// This rank, soon ([`crate::copy::copy`]).
-    Local,
-    /// Nobody soon: an operation's output ([`crate::copy::copy_out`], streaming stores from a
-    /// smaller size).
-    Output,
-    /// A peer, at once: memory staged for a peer to read ([`crate::copy::copy_to_peer`], the
-    /// store kind chosen by measuring, as for writes into a peer's window).
-    Peer,
-}
+pub use crate::copy::CopyTo;
 
 /// One unit of stream work.
 pub enum Task {
@@ -139,8 +133,9 @@ pub enum Task {
     Record(Notify),
     /// Wait until a notify reaches generation `target` (from [`Notify::next_wait`]).
     Wait { notify: Notify, target: u32 },
-    /// Wait until an event (of any stream of the same engine) has completed.
-    WaitEvent(Event),
+    /// Wait until a point in another stream of the same engine has completed (an event of
+    /// [`crate::stream`]).
+    WaitEvent(Box<dyn Completion>),
     /// A link primitive.
     Link {
         link: Arc<dyn LinkDriver>,
