@@ -16,7 +16,6 @@ mod comm;
 pub mod config;
 pub mod executor;
 mod fasthash;
-pub mod multipath;
 pub mod op;
 pub mod operator;
 pub mod registry;

@@ -53,7 +53,7 @@ impl Mem {
     }
 }
 
-/// Index of a stream in an operation: [`MAIN`] or `1..=stream_num` (the slaves).
+/// Index of a stream in an operation: [`MAIN`] or `1..=stream_num` (the side streams).
 pub type StreamId = usize;
 /// Index of a notify in an operation: `0..notify_num`.
 pub type NotifyId = usize;
@@ -84,9 +84,9 @@ pub struct SubCommRequest {
 pub struct AlgResourceRequest {
     /// Bytes of private scratch.
     pub scratch_mem_size: usize,
-    /// Slave streams besides the main stream.
+    /// Side streams besides the main stream.
     pub stream_num: usize,
-    /// Notifies for main/slave synchronisation.
+    /// Notifies for main/side synchronisation.
     pub notify_num: usize,
     /// Per level (hierarchical algorithms), per sub-communicator, the links.
     pub op_transport: Vec<Vec<SubCommRequest>>,
@@ -265,7 +265,7 @@ pub struct AlgResourceResponse<'a> {
     pub ccl_in_size: usize,
     pub ccl_out_size: usize,
     pub scratch_size: usize,
-    /// Slave streams available (`1..=stream_num`) and notifies (`0..notify_num`).
+    /// Side streams available (`1..=stream_num`) and notifies (`0..notify_num`).
     pub stream_num: usize,
     pub notify_num: usize,
     /// Whether peers can receive straight into user buffers (`rx_async` into `UserOut`).

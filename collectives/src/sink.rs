@@ -15,7 +15,7 @@ use crate::resource::{BufKind, Mem, NotifyId, SharedUser, StreamId, TaskSink};
 /// Enqueues an operation's tasks.
 pub(crate) struct StreamSink<'a> {
     pub main: &'a Stream,
-    pub slaves: &'a [Stream],
+    pub sides: &'a [Stream],
     pub notifies: &'a [Notify],
     /// Links by peer rank (built for the peers the executor requested).
     pub links: &'a [Option<Arc<Link>>],
@@ -31,7 +31,7 @@ impl StreamSink<'_> {
         match s {
             0 => Ok(self.main),
             _ => self
-                .slaves
+                .sides
                 .get(s - 1)
                 .ok_or_else(|| bug(format!("stream {s} was not requested"))),
         }

@@ -419,7 +419,7 @@ mod tests {
     #[test]
     fn notify_orders_two_streams_and_background_thread_runs_unawaited_work() {
         let e = engine();
-        let (main, slave) = (e.stream(), e.stream());
+        let (main, side) = (e.stream(), e.stream());
         let n = e.notify();
         let src = vec![7u32; 1000];
         let mut mid = vec![0u32; 1000];
@@ -437,13 +437,13 @@ mod tests {
                 len: 4000,
                 to: CopyTo::Local,
             });
-            slave.enqueue(Task::Copy {
+            side.enqueue(Task::Copy {
                 dst: mid.as_mut_ptr().cast(),
                 src: src.as_ptr().cast(),
                 len: 4000,
                 to: CopyTo::Local,
             });
-            slave.enqueue(Task::Record(n.clone()));
+            side.enqueue(Task::Record(n.clone()));
         }
         main.kick();
         let ev = main.record();

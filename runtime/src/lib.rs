@@ -9,6 +9,7 @@
 //! - [`doorbell::Doorbell`]: the word an idle driver sleeps on (a shared futex).
 //! - [`reduce`]: reduction kernels for every [`dtype::DataType`] × [`dtype::ReduceOp`].
 //! - [`mem`]: aligned host buffers and regions.
+//! - [`log`]: the `tracing` subscriber (`AMPCCL_LOG`).
 //! - [`copy`]: the stream tasks' bulk copy (streaming stores for large copies).
 //! - [`param`]: tuned constants with their environment overrides (`docs/TUNING.md`).
 //! - [`sync`]: std or loom atomics (`--cfg ampccl_loom`).
@@ -22,6 +23,7 @@ pub mod engine;
 pub mod error;
 #[cfg(not(ampccl_loom))]
 pub mod futex;
+pub mod log;
 pub mod mem;
 pub mod notify;
 pub mod param;

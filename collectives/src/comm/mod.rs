@@ -34,7 +34,7 @@ use plan::{Job, plan};
 
 /// Resources of one `(algorithm, new_tag)`, created once and reused.
 struct Resources {
-    slaves: Vec<Stream>,
+    sides: Vec<Stream>,
     notifies: Vec<Notify>,
     scratch: HostBuffer,
 }
@@ -541,7 +541,7 @@ impl CommInner {
         let links = self.link_table.lock().unwrap_or_else(|e| e.into_inner());
         let mut sink = StreamSink {
             main: stream,
-            slaves: &res.slaves,
+            sides: &res.sides,
             notifies: &res.notifies,
             links: &links,
             regions,
@@ -553,7 +553,7 @@ impl CommInner {
             ccl_in_size: b,
             ccl_out_size: b,
             scratch_size: res.scratch.len(),
-            stream_num: res.slaves.len(),
+            stream_num: res.sides.len(),
             notify_num: res.notifies.len(),
             user_mem_links: ctx.user_mem_links,
             shared_user,
@@ -563,7 +563,7 @@ impl CommInner {
         };
         // A task of an inline stream runs to completion before the next is issued, so only
         // an algorithm whose tasks all go to this one stream may run inline.
-        let _inline = (may_inline && res.slaves.is_empty() && res.notifies.is_empty())
+        let _inline = (may_inline && res.sides.is_empty() && res.notifies.is_empty())
             .then(|| stream.inline_while_idle())
             .flatten();
         entry.executor.orchestrate(p, &mut resp)?;
@@ -598,7 +598,7 @@ impl CommInner {
             self.link_table.lock().unwrap_or_else(|e| e.into_inner())[peer] = Some(link);
         }
         let r = Arc::new(Resources {
-            slaves: (0..req.stream_num).map(|_| self.engine.stream()).collect(),
+            sides: (0..req.stream_num).map(|_| self.engine.stream()).collect(),
             notifies: (0..req.notify_num).map(|_| self.engine.notify()).collect(),
             scratch: HostBuffer::zeroed(req.scratch_mem_size),
         });

@@ -39,7 +39,7 @@ pub mod value;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
-mod tests_broken;
+mod tests_buggy_executors;
 
 use record::{Layout, Recorder};
 use sim::{RankSim, Sim};

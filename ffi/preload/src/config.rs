@@ -5,8 +5,8 @@
 //! |---|---|---|
 //! | `AMPCCL_ENABLE` | `1` | `0`: every call goes straight to NCCL |
 //! | `AMPCCL_ENABLE_PCIE` | `1` | `0`: keep the bookkeeping, never split |
-//! | `AMPCCL_ALGO` | `bw` | split controller: `bw`, `tcp`, `dcqcn`, `static`, `static:<alpha>` |
-//! | `AMPCCL_ALPHA` | unset | a static split: fraction of each call's bytes carried by NCCL (same as `AMPCCL_ALGO=static:<alpha>`) |
+//! | `AMPCCL_SPLIT_CONTROLLER` | `bw` | split controller: `bw`, `tcp`, `dcqcn`, `static`, `static:<alpha>` (formerly `AMPCCL_ALGO`, still accepted) |
+//! | `AMPCCL_ALPHA` | unset | a static split: fraction of each call's bytes carried by NCCL (same as `AMPCCL_SPLIT_CONTROLLER=static:<alpha>`) |
 //! | `AMPCCL_PARAM_FILE` | unset | learned table saved at destroy, loaded at init |
 //! | `AMPCCL_MIN_MSG_SIZE` | `256M` | calls moving fewer bytes are not split (on 2×H200 the PCIe path's fixed costs outweigh its bandwidth below this) |
 //! | `AMPCCL_MIN_CHUNK_SIZE` | `1M` | PCIe parts smaller than this are not worth it |
@@ -19,8 +19,8 @@
 
 use std::sync::OnceLock;
 
-use ampccl::multipath::config::MpConfig;
-use ampccl::multipath::planner::PlannerRules;
+use ampccl_multipath::config::{CONTROLLER_VAR, MpConfig};
+use ampccl_multipath::planner::PlannerRules;
 
 /// The interposer's settings.
 #[derive(Clone, Debug)]
@@ -50,7 +50,7 @@ fn enable_from(get: impl Fn(&str) -> Option<String>) -> bool {
 pub fn settings() -> &'static Settings {
     static SETTINGS: OnceLock<Settings> = OnceLock::new();
     SETTINGS.get_or_init(|| {
-        ampccl::config::init_logging();
+        ampccl_runtime::log::init_logging();
         let s = Settings::from_lookup(|k| std::env::var(k).ok());
         tracing::info!(?s, "ampccl preload settings");
         s
@@ -93,7 +93,8 @@ impl Settings {
 fn multipath(get: &impl Fn(&str) -> Option<String>) -> MpConfig {
     let mut mp = MpConfig::from_lookup(get).unwrap_or_else(|e| {
         tracing::warn!("{e}; using the default controller");
-        MpConfig::from_lookup(|k| if k == "AMPCCL_ALGO" { None } else { get(k) })
+        let controller_vars = [CONTROLLER_VAR, "AMPCCL_ALGO"];
+        MpConfig::from_lookup(|k| (!controller_vars.contains(&k)).then(|| get(k)).flatten())
             .unwrap_or_default()
     });
     if let Some(v) = get("AMPCCL_ALPHA") {
@@ -154,7 +155,7 @@ mod tests {
         assert_eq!(fault.fault, None, "unparsable: ignored");
         let bad = Settings::from_lookup(|k| (k == "AMPCCL_ALPHA").then(|| "2".to_string()));
         assert_eq!(bad.mp.algo, "bw");
-        let algo = Settings::from_lookup(|k| (k == "AMPCCL_ALGO").then(|| "nonsense".to_string()));
+        let algo = Settings::from_lookup(|k| (k == CONTROLLER_VAR).then(|| "nonsense".to_string()));
         assert_eq!(
             algo.mp.algo, "bw",
             "a bad controller name falls back to the default"

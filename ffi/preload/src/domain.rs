@@ -24,9 +24,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, Instant};
 
-use ampccl::multipath::pcie::{HeaderRef, HostArea, Layout, PcieRank, RankStatus};
-use ampccl::multipath::schedule;
-use ampccl::multipath::store::{Aggregator, Region, ShmParamStore};
+use ampccl_multipath::pcie::{HeaderRef, HostArea, Layout, PcieRank, RankStatus};
+use ampccl_multipath::schedule;
+use ampccl_multipath::store::{Aggregator, Region, ShmParamStore};
 use ampccl_runtime::cuda::{self, Device};
 use ampccl_transport::shm::segment::Segment;
 
@@ -103,7 +103,7 @@ impl Domain {
             || unsafe { Region::from_raw(self.segment.as_ptr().add(off), len, keep.clone()) };
         let h = self.header();
         if h.claim_store() {
-            let layout = ampccl::multipath::store::Layout::new(nranks, TABLE_ENTRIES);
+            let layout = ampccl_multipath::store::Layout::new(nranks, TABLE_ENTRIES);
             let created = region().and_then(|r| ShmParamStore::create(r, layout, rank));
             h.store_initialised();
             return created.map_err(|e| e.to_string());
@@ -283,16 +283,16 @@ pub struct Paths {
     /// Index of the next split-worthy call (the same sequence on every rank).
     pub next_call: u64,
     /// Split-worthy calls per key so far (the same on every rank): which are reference calls.
-    pub calls: HashMap<ampccl::multipath::key::OpKey, u64>,
+    pub calls: HashMap<ampccl_multipath::key::OpKey, u64>,
     /// Timed calls per key so far; the first [`WARMUP_CALLS`] of a key are not fed to the
     /// controller (they carry one-time costs such as NCCL connecting peers).
-    pub seen: HashMap<ampccl::multipath::key::OpKey, u32>,
+    pub seen: HashMap<ampccl_multipath::key::OpKey, u32>,
     /// Calls whose timing is pending: call index → (key, NCCL bytes, PCIe bytes).
-    pub inflight: HashMap<u64, (ampccl::multipath::key::OpKey, u64, u64)>,
+    pub inflight: HashMap<u64, (ampccl_multipath::key::OpKey, u64, u64)>,
     /// Measured times of the timed calls (for `AMPCCL_REPORT`).
     pub tally: crate::report::Tally,
     /// The configured controller, for the initial split of keys the table does not hold yet.
-    pub initial: Box<dyn ampccl::multipath::controller::Controller>,
+    pub initial: Box<dyn ampccl_multipath::controller::Controller>,
 }
 
 /// One communicator the interposer knows.
@@ -386,7 +386,7 @@ impl CommState {
             }
             if let Some(path) = &s.mp.param_file
                 && let Err(e) =
-                    ampccl::multipath::persist::save(path, self.nranks, &store.snapshot())
+                    ampccl_multipath::persist::save(path, self.nranks, &store.snapshot())
             {
                 tracing::warn!("ampccl: saving {}: {e}", path.display());
             }
@@ -396,7 +396,7 @@ impl CommState {
             if self.rank == 0 {
                 eprint!(
                     "{}",
-                    ampccl::multipath::report(&s.mp.algo, &store.snapshot())
+                    ampccl_multipath::report(&s.mp.algo, &store.snapshot())
                 );
             }
         }
@@ -418,7 +418,7 @@ impl CommState {
                         .mp
                         .param_file
                         .as_ref()
-                        .and_then(|f| ampccl::multipath::persist::load(f, self.nranks))
+                        .and_then(|f| ampccl_multipath::persist::load(f, self.nranks))
                     {
                         let _ = agg.seed(&store, &saved);
                     }

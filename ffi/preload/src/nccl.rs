@@ -4,7 +4,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use ampccl::{DataType, ReduceOp};
+use ampccl_runtime::{DataType, ReduceOp};
 
 /// `ncclResult_t`.
 pub type NcclResult = c_int;

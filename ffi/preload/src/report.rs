@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use ampccl::multipath::key::{MpOp, OpKey};
-use ampccl::multipath::pcie::CallTiming;
+use ampccl_multipath::key::{MpOp, OpKey};
+use ampccl_multipath::pcie::CallTiming;
 
 #[derive(Default)]
 struct Sum {
@@ -66,7 +66,7 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ampccl::DataType;
+    use ampccl_runtime::DataType;
 
     #[test]
     fn tally_means_per_key() {

@@ -13,15 +13,15 @@
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use ampccl::multipath::pcie::{PcieKind, PcieOp, PcieRank};
+use ampccl_multipath::pcie::{PcieKind, PcieOp, PcieRank};
 use ampccl_runtime::cuda::StreamRef;
 
 use crate::config::settings;
-use ampccl::multipath::controller::{ExecStat, is_reference};
-use ampccl::multipath::key::{MpOp, OpKey};
-use ampccl::multipath::param::ParamValue;
-use ampccl::multipath::planner::Split;
-use ampccl::multipath::store::Decision;
+use ampccl_multipath::controller::{ExecStat, is_reference};
+use ampccl_multipath::key::{MpOp, OpKey};
+use ampccl_multipath::param::ParamValue;
+use ampccl_multipath::planner::Split;
+use ampccl_multipath::store::Decision;
 
 use crate::domain::{self, CommState, Paths, Pcie};
 use crate::guard::{self, Deferred, call_real};
@@ -162,20 +162,20 @@ impl Call {
     }
 
     /// The reduction operator (`Sum` for collectives without one).
-    fn op(&self) -> Option<ampccl::ReduceOp> {
+    fn op(&self) -> Option<ampccl_runtime::ReduceOp> {
         match *self {
             Call::AllReduce { op, .. }
             | Call::ReduceScatter { op, .. }
             | Call::Reduce { op, .. } => nccl::redop(op),
-            _ => Some(ampccl::ReduceOp::Sum),
+            _ => Some(ampccl_runtime::ReduceOp::Sum),
         }
     }
 
     /// The PCIe part for rank blocks split at `fast` with `pcie` elements each.
     fn pcie_op(
         &self,
-        dtype: ampccl::DataType,
-        op: ampccl::ReduceOp,
+        dtype: ampccl_runtime::DataType,
+        op: ampccl_runtime::ReduceOp,
         fast: usize,
         pcie: usize,
     ) -> PcieOp {
@@ -551,7 +551,7 @@ pub fn collect(p: &mut Paths, rank: usize) {
     absorb(p, rank, &done);
 }
 
-fn absorb(p: &mut Paths, rank: usize, done: &[ampccl::multipath::pcie::CallTiming]) {
+fn absorb(p: &mut Paths, rank: usize, done: &[ampccl_multipath::pcie::CallTiming]) {
     for t in done {
         let Some((key, fast_bytes, pcie_bytes)) = p.inflight.remove(&t.tag) else {
             continue;
@@ -624,10 +624,10 @@ mod tests {
     #[test]
     fn reductions_start_with_a_smaller_pcie_share_on_more_gpus() {
         let init = ParamValue::split(0.9);
-        let ar = OpKey::new(MpOp::AllReduce, 1 << 30, ampccl::DataType::F32);
-        let ag = OpKey::new(MpOp::AllGather, 1 << 30, ampccl::DataType::F32);
+        let ar = OpKey::new(MpOp::AllReduce, 1 << 30, ampccl_runtime::DataType::F32);
+        let ag = OpKey::new(MpOp::AllGather, 1 << 30, ampccl_runtime::DataType::F32);
         assert!((prior(&ar, 2, init).effective_alpha() - 0.9).abs() < 1e-6);
-        let rs = OpKey::new(MpOp::ReduceScatter, 1 << 30, ampccl::DataType::F32);
+        let rs = OpKey::new(MpOp::ReduceScatter, 1 << 30, ampccl_runtime::DataType::F32);
         assert!((prior(&ar, 4, init).effective_alpha() - (1.0 - 0.1 * 4.0 / 6.0)).abs() < 1e-6);
         assert!((prior(&rs, 4, init).effective_alpha() - (1.0 - 0.1 / 3.0)).abs() < 1e-6);
         assert!((prior(&ag, 4, init).effective_alpha() - 0.9).abs() < 1e-6);

@@ -4,7 +4,7 @@
 //! Each rank has two side streams. An operation is cut into chunks, and each chunk takes one
 //! or more rounds (allreduce on more than 2 GPUs: two); every round is a pipeline step `g`,
 //! numbered across all operations of the domain, identically on every rank, in the order
-//! [`crate::multipath::schedule::steps`] gives (staging slot `g % slots`; loom-checked):
+//! [`crate::schedule::steps`] gives (staging slot `g % slots`; loom-checked):
 //!
 //! ```text
 //! send stream:  wait consumed[q] >= g+1-slots (all q ≠ me), and consumed[me] >= after+1 for a
@@ -44,7 +44,7 @@ pub use layout::{HeaderRef, Layout, RankStatus};
 use timing::TimingRing;
 pub use timing::{CallTiming, Timed};
 
-use crate::multipath::schedule::{self, ChunkFlags, Flag};
+use crate::schedule::{self, ChunkFlags, Flag};
 use crate::{Error, Result};
 
 /// Which collective, with its root where it has one.

@@ -109,7 +109,7 @@ impl ParamCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::multipath::key::MpOp;
+    use crate::key::MpOp;
     use ampccl_runtime::DataType;
 
     #[test]

@@ -10,8 +10,8 @@
 use std::collections::HashMap;
 
 use super::{Controller, ExecStat, observe_bw};
-use crate::multipath::key::OpKey;
-use crate::multipath::param::ParamValue;
+use crate::key::OpKey;
+use crate::param::ParamValue;
 
 /// Additive increase of the PCIe share per call in congestion avoidance.
 pub const AI_STEP: f64 = 0.004;

@@ -5,7 +5,7 @@
 //! [`ParamValue`] the next calls of that [`OpKey`] use. Controllers have no clocks, threads or
 //! I/O, so they are deterministic and tested against the simulator in [`super::sim`].
 //!
-//! One file per algorithm (quinn's `congestion/` pattern), chosen by `AMPCCL_ALGO`
+//! One file per algorithm (quinn's `congestion/` pattern), chosen by `AMPCCL_SPLIT_CONTROLLER`
 //! ([`by_name`]):
 //!
 //! | name | algorithm |
@@ -89,7 +89,7 @@ impl ExecStat {
 
 /// A split controller (one per domain; keeps its own per-key state).
 pub trait Controller: Send {
-    /// The `AMPCCL_ALGO` name.
+    /// The `AMPCCL_SPLIT_CONTROLLER` name.
     fn name(&self) -> &'static str;
     /// Parameters for a key never seen before.
     fn initial(&self, key: &OpKey) -> ParamValue;
@@ -116,7 +116,7 @@ pub fn is_reference(every: u32, nth: u64) -> bool {
 /// Name of the default controller.
 pub const DEFAULT: &str = "bw";
 
-/// The controller named by an `AMPCCL_ALGO` value: `bw`, `tcp`, `dcqcn`, `static` or
+/// The controller named by an `AMPCCL_SPLIT_CONTROLLER` value: `bw`, `tcp`, `dcqcn`, `static` or
 /// `static:<alpha>`; `None` for anything else.
 pub fn by_name(spec: &str) -> Option<Box<dyn Controller>> {
     let spec = spec.trim();

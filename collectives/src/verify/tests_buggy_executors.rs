@@ -28,7 +28,7 @@ fn ring(p: &OpParam) -> AlgResourceRequest {
     AlgResourceRequest::ring(p.rank, p.world)
 }
 
-/// Mesh with one slave stream and one notify.
+/// Mesh with one side stream and one notify.
 fn mesh_2s(p: &OpParam) -> AlgResourceRequest {
     AlgResourceRequest {
         stream_num: 1,
@@ -70,7 +70,7 @@ fn one_shot(p: &OpParam, res: &mut AlgResourceResponse<'_>, bug: &str) -> Result
     let (nb, me, s) = (
         p.count * p.elem(),
         p.rank,
-        if bug == "slave" { 1 } else { MAIN },
+        if bug == "side_unsynced" { 1 } else { MAIN },
     );
     res.tasks.copy(MAIN, slot(p, me), IN, nb)?;
     let peers = || (1..p.world).map(|d| (me + d) % p.world);
@@ -88,9 +88,9 @@ fn one_shot(p: &OpParam, res: &mut AlgResourceResponse<'_>, bug: &str) -> Result
         }
     }
     match bug {
-        "slave" | "no_record" => {
-            // The reduction on the slave stream, after main's record: or without it.
-            if bug == "slave" {
+        "side_unsynced" | "no_record" => {
+            // The reduction on the side stream, after main's record: or without it.
+            if bug == "side_unsynced" {
                 res.tasks.record(MAIN, 0)?;
             }
             res.tasks.wait(1, 0)?;
@@ -139,12 +139,12 @@ fn wrong(e: &VerifyError) -> bool {
 
 #[test]
 fn correct_twins_pass() {
-    for bug in ["", "slave"] {
+    for bug in ["", "side_unsynced"] {
         let exec = Custom(
             mesh_2s,
             match bug {
                 "" => |p, r| one_shot(p, r, ""),
-                _ => |p, r| one_shot(p, r, "slave"),
+                _ => |p, r| one_shot(p, r, "side_unsynced"),
             },
         );
         for op in [ReduceOp::Sum, ReduceOp::Avg] {
@@ -310,7 +310,7 @@ fn sink_rejections() {
     expect_rejected(&read_only, &p, &c, Reject::ReadOnly);
     let no_link = Custom(ring, |p, r| one_shot(p, r, ""));
     expect_rejected(&no_link, &p, &c, Reject::NoLink);
-    let stream = Custom(mesh, |p, r| one_shot(p, r, "slave"));
+    let stream = Custom(mesh, |p, r| one_shot(p, r, "side_unsynced"));
     expect_rejected(&stream, &p, &c, Reject::UnknownNotify);
     let dtype = Custom(mesh, |_, r| {
         r.tasks

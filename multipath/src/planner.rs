@@ -7,7 +7,7 @@
 //! for calls under `min_msg_bytes` or PCIe parts under `min_pcie_bytes`, where the PCIe path's
 //! fixed costs outweigh what it carries.
 
-/// Planner rules (see [`crate::multipath`] for the environment variables).
+/// Planner rules (see [`crate`] for the environment variables).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct PlannerRules {
     /// Calls moving fewer bytes (the larger of send and receive size) are not split.

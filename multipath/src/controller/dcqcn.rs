@@ -12,8 +12,8 @@
 use std::collections::HashMap;
 
 use super::{Controller, ExecStat, observe_bw};
-use crate::multipath::key::OpKey;
-use crate::multipath::param::ParamValue;
+use crate::key::OpKey;
+use crate::param::ParamValue;
 
 /// EWMA gain of the congestion estimate.
 pub const G: f64 = 1.0 / 16.0;

@@ -1,8 +1,8 @@
 //! Controller convergence on the simulated two-path link (the targets of issue 6).
 
 use super::*;
-use crate::multipath::controller::{Controller, by_name, is_reference};
-use crate::multipath::key::{MpOp, OpKey};
+use crate::controller::{Controller, by_name, is_reference};
+use crate::key::{MpOp, OpKey};
 use ampccl_runtime::DataType;
 
 const MIB: u64 = 1 << 20;

@@ -1,9 +1,9 @@
 //! Loom models of the parameter store: the seqlock never yields a torn value, and the decision
 //! ring makes racing ranks adopt one decision per call, reusing cells only after consumption.
 
-use crate::multipath::key::{MpOp, OpKey};
-use crate::multipath::param::ParamValue;
-use crate::multipath::store::{Decision, Layout, ShmParamStore};
+use crate::key::{MpOp, OpKey};
+use crate::param::ParamValue;
+use crate::store::{Decision, Layout, ShmParamStore};
 use ampccl_runtime::DataType;
 
 const KEY: OpKey = OpKey {

@@ -1,9 +1,9 @@
-//! `static`: a fixed split (`AMPCCL_ALGO=static:<alpha>`), the baseline the adaptive
+//! `static`: a fixed split (`AMPCCL_SPLIT_CONTROLLER=static:<alpha>`), the baseline the adaptive
 //! controllers are measured against. Bandwidths are still recorded for the report.
 
 use super::{Controller, ExecStat, observe_bw};
-use crate::multipath::key::OpKey;
-use crate::multipath::param::ParamValue;
+use crate::key::OpKey;
+use crate::param::ParamValue;
 
 /// Fast-path fraction of plain `static`: NCCL 327 GB/s vs ~47 GB/s over PCIe (2 × H200
 /// allreduce, DESIGN.md §3).

@@ -32,8 +32,8 @@ use std::collections::{HashMap, VecDeque};
 
 use super::search::LocalSearch;
 use super::{Controller, ExecStat, observe_bw};
-use crate::multipath::key::OpKey;
-use crate::multipath::param::ParamValue;
+use crate::key::OpKey;
+use crate::param::ParamValue;
 
 /// Samples per path in the fit.
 pub const WINDOW: usize = 16;

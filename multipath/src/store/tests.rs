@@ -1,8 +1,8 @@
 //! Store tests on process memory with real threads.
 
 use super::*;
-use crate::multipath::controller::by_name;
-use crate::multipath::key::MpOp;
+use crate::controller::by_name;
+use crate::key::MpOp;
 use ampccl_runtime::DataType;
 
 fn key(bucket: u8) -> OpKey {

@@ -1,5 +1,7 @@
-//! Multipath: split a collective between the fast path (the real NCCL) and ampccl's PCIe path
-//! through pinned host memory, with a learned, rank-consistent split.
+//! ampccl-multipath: split a collective between the fast path (the real NCCL) and ampccl's PCIe
+//! path through pinned host memory, with a learned, rank-consistent split. The NCCL interposer
+//! (`ffi/preload`) is its only user; it depends on the runtime alone, not on the native
+//! collective stack.
 //!
 //! - [`planner`]: the split of one call into NCCL's and the PCIe path's elements.
 //! - `pcie` (feature `cuda`): the PCIe path itself, on CUDA streams, and lazy path timing.
@@ -25,6 +27,7 @@ pub mod schedule;
 pub mod sim;
 pub mod store;
 
+pub use ampccl_runtime::{DataType, Error, ReduceOp, Result};
 pub use report::report;
 
 #[cfg(all(test, ampccl_loom))]

@@ -46,8 +46,8 @@ pub fn report(algo: &str, params: &ParamCache) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::multipath::key::{MpOp, OpKey};
-    use crate::multipath::param::ParamValue;
+    use crate::key::{MpOp, OpKey};
+    use crate::param::ParamValue;
     use ampccl_runtime::DataType;
 
     #[test]

@@ -1,4 +1,4 @@
-//! Loom model of the PCIe pipeline's flag schedule ([`crate::multipath::schedule`]): two
+//! Loom model of the PCIe pipeline's flag schedule ([`crate::schedule`]): two
 //! ranks, each with a send and a receive "stream" (threads here), a pipeline two slots deep.
 //! Two models: three chunks of one round, so that a slot is reused; and two chunks of two
 //! rounds, where the second round stages what the rank's own receive stream produced in the
@@ -16,7 +16,7 @@
 use loom::cell::UnsafeCell;
 use loom::sync::{Arc, Condvar, Mutex};
 
-use crate::multipath::schedule::{ChunkFlags, Flag, Step, steps};
+use crate::schedule::{ChunkFlags, Flag, Step, steps};
 
 const RANKS: usize = 2;
 const SLOTS: usize = 2;
