@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The session's closing GPU run on a 4-GPU host: correctness on 4 GPUs, default settings vs
+# One complete GPU run on a 4-GPU host: correctness on 4 GPUs, default settings vs
 # NCCL alone on 2 (GPUs 0-1) and 4 GPUs (alternating runs), and the controller's convergence
 # on both, with its plots. Prints the check verdict, the two ratio tables and the convergence
 # lines; everything else goes to $OUT (default ./gpu-out).

@@ -1,12 +1,13 @@
-/* What a cross-memory read costs against a local copy (docs/PERFORMANCE.md, session 15): a
- * child process reads its parent's N-byte heap buffer (in the cache) with process_vm_readv
- * into its own, then copies the same bytes locally with memcpy; prints the medians over 200
- * calls of each, 5 times.
+/* What a cross-memory read costs against a local copy (why the broadcast's receiver does not
+ * read the root's heap with cross-memory attach, docs/PERFORMANCE.md "Broadcast"): a child
+ * process reads its parent's N-byte heap buffer (in the cache) with process_vm_readv into its
+ * own, then copies the same bytes locally with memcpy; prints the medians over 200 calls of
+ * each, 5 times.
  *
  *   cc -O2 -o /tmp/cma_rate benches/scripts/cma_rate.c && /tmp/cma_rate [bytes, default 4 MiB]
  *
- * On the AMD EPYC dev VM (session 15): 4 MiB 318 us (13.2 GB/s) by process_vm_readv, 89 us
- * (47 GB/s) by memcpy; 512 KiB 40 against 10.7 us. */
+ * On the 2-core AMD EPYC (Zen 4) VM of docs/PERFORMANCE.md, November 2026: 4 MiB 318 us
+ * (13.2 GB/s) by process_vm_readv, 89 us (47 GB/s) by memcpy; 512 KiB 40 against 10.7 us. */
 #define _GNU_SOURCE
 #include <stdio.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
 
 Runs both ROUNDS times (A, B, A, B, ...), 2 ranks (or NRANKS), f32 (sum), 8 B .. 64 MiB, and
 prints a markdown table of the medians: time (us) and algbw (GB/s) of each, and the ratio.
-Needs ../shared/peers/install.sh (Intel MPI under $PEERS_HOME, default ~/.cache/ampccl-peers)
+Needs benches/peers/install.sh (Intel MPI under $PEERS_HOME, default ~/.cache/ampccl-peers)
 and a release build of ampccl-perf.
 
     python3 benches/scripts/compare_impi.py [--rounds 5] [--ranks 2] [--op allreduce]

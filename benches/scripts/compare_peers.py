@@ -13,7 +13,7 @@ are nccl-tests' (the larger buffer; IMB's Allgather rows are one rank's block, m
 size / ranks). ampccl-perf, Open MPI and Gloo run the same iteration counts per size
 (peer_bench.py's: about 256 MiB moved, 20..1000 calls, a quarter of it warm-up); IMB runs
 `-iter 1000 -time 20` (its own policy below that) and its t_avg is taken. Peers come from
-../shared/peers/install.sh (--gloo for torch) under $PEERS_HOME (default
+benches/peers/install.sh (--gloo for torch) under $PEERS_HOME (default
 ~/.cache/ampccl-peers); ampccl-perf from $AMPCCL_PERF, else $CARGO_TARGET_DIR/release, else
 target/release.
 
@@ -87,7 +87,7 @@ SPELL_US = 60.0  # handoff_probe's plain time: 11-23 us normally, 155-223 us in 
 class HostProbe:
     """benches/scripts/handoff_probe.c, built once: microseconds per 512 KiB hand-off between the
     two CPUs. The host has slow spells of tens of seconds in which these hand-offs take 10-15x
-    longer (docs/PERFORMANCE.md, session 10); rounds are run and kept only outside them."""
+    longer (docs/PERFORMANCE.md, "How to measure"); rounds are run and kept only outside them."""
 
     def __init__(self):
         import tempfile

@@ -1,12 +1,13 @@
-/* Host probe for docs/PERFORMANCE.md (session 10): how fast one core hands freshly written
- * lines to another. A producer process copies 512 KiB pieces into slots rotating over a 4 MiB
- * shared window, a consumer process (pinned to the other CPU) copies each out; prints the
+/* Host probe for docs/PERFORMANCE.md ("How to measure"): how fast one core hands freshly
+ * written lines to another. A producer process copies 512 KiB pieces into slots rotating over a
+ * 4 MiB shared window, a consumer process (pinned to the other CPU) copies each out; prints the
  * microseconds per piece. With "s" the producer uses streaming stores.
  *
  *   cc -O2 -o /tmp/handoff_probe benches/scripts/handoff_probe.c && /tmp/handoff_probe [s]
  *
- * On the AMD EPYC dev VM (session 10, 120 alternated pairs): 13 us plain / 34 us streaming
- * normally; 155-223 us plain / 24-30 us streaming in the host's slow spells. */
+ * On the 2-core AMD EPYC (Zen 4) VM of docs/PERFORMANCE.md, November 2026 (120 alternated
+ * pairs): 13 us plain / 34 us streaming normally; 155-223 us plain / 24-30 us streaming in the
+ * host's slow spells. */
 #define _GNU_SOURCE
 #include <immintrin.h>
 #include <sched.h>

@@ -1,4 +1,4 @@
-/* What one pass for two copies saves (docs/PERFORMANCE.md, session 16): one thread does what a
+/* What one pass for two copies saves (the tee of ampccl_runtime::copy): one thread does what a
  * rank of a 2-rank allgather does with its N-byte block (default 512 KiB, cache-resident):
  * copy the input into its output and into a window, and copy a window out into the output's
  * other half. Three ways: three separate copies; the first two fused (each vector stored
@@ -7,8 +7,8 @@
  *
  *   cc -O2 -o /tmp/tee_probe benches/scripts/tee_probe.c && /tmp/tee_probe [bytes]
  *
- * On the AMD EPYC dev VM (session 16): 33.3 us for three copies, 27.5 fused, 28.4 blocked
- * (33.4-38, 27.5-32.3 and 28.4-32.8 over several runs). */
+ * On the 2-core AMD EPYC (Zen 4) VM of docs/PERFORMANCE.md, November 2026: 33.3 us for three
+ * copies, 27.5 fused, 28.4 blocked (33.4-38, 27.5-32.3 and 28.4-32.8 over several runs). */
 #include <immintrin.h>
 #include <stdio.h>
 #include <stdlib.h>
