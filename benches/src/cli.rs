@@ -25,8 +25,9 @@ pub struct Cli {
 /// Subcommands.
 #[derive(Subcommand, Debug)]
 pub enum Cmd {
-    /// Plot busbw against size (log-x) of ampccl-perf CSV files, one line per file, into a
-    /// PNG; the legend is each file's stem (e.g. `ampccl-perf plot --out cmp.png ampccl.csv
+    /// Plot busbw and time per call against size (log axes) of ampccl-perf CSV files into a
+    /// PNG, one series per file and collective, a marker at each measured size; the legend is
+    /// each file's stem and the collective (e.g. `ampccl-perf plot --out cmp.png ampccl.csv
     /// intel-mpi.csv gloo.csv`).
     Plot(PlotArgs),
     /// Measure the host-memory ceiling of a 2-rank allreduce, allgather, reducescatter or

@@ -10,8 +10,8 @@
 //! (allreduce `2(n-1)/n`, allgather/reducescatter/alltoall `(n-1)/n`, others 1); time is the
 //! slowest rank's mean over `-n` iterations. Exit code 1 when any result is wrong.
 //!
-//! `--csv FILE` writes the results (format in [`csv`]), `--plot FILE.png` draws busbw against
-//! size, with other CSVs (peers) added by `--overlay`; `ampccl-perf plot --out FILE.png
+//! `--csv FILE` writes the results (format in [`csv`]), `--plot FILE.png` draws busbw and time
+//! per call against size, with other CSVs (peers) added by `--overlay`; `ampccl-perf plot --out FILE.png
 //! a.csv b.csv ...` draws CSVs alone; `ampccl-perf ceiling -o OP` measures the 2-rank
 //! host-memory ceiling of a collective (see [`ceiling`]). Rank 0 shows progress on stderr when
 //! it is a terminal (or with `--progress`) and ends with every rank's peak RSS.

@@ -3,8 +3,9 @@
 //! - [`bootstrap`]: unique id, TCP rendezvous, out-of-band allgather/barrier/broadcast.
 //! - [`device`]: the one-sided RMA device interface; [`protocol`]: NCCL's receiver-driven
 //!   protocol over it, [`eager`] its variant for small messages; [`link::Link`]: HCCL's link primitives as stream tasks.
-//! - providers: [`shm`] (processes on one host). TCP and RDMA verbs are later providers; the
-//!   probe list ([`probe`]) reports what can connect a set of ranks.
+//! - [`transport::Transport`]: a connected provider as a communicator holds it, and
+//!   [`transport::connect`], which picks it from the probe list ([`probe`]).
+//! - providers: [`shm`] (processes on one host). TCP and RDMA are later providers.
 
 pub mod bootstrap;
 pub mod device;
@@ -15,5 +16,6 @@ pub mod protocol;
 pub mod shm;
 #[cfg(test)]
 pub(crate) mod testdev;
+pub mod transport;
 
 pub use ampccl_runtime::{Error, Result};

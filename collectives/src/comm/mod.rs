@@ -9,85 +9,33 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use ampccl_runtime::engine::{DEFAULT_SPIN, Engine};
-use ampccl_runtime::mem::HostBuffer;
-use ampccl_runtime::notify::Notify;
 use ampccl_runtime::stream::{Event, Stream};
-use ampccl_runtime::task::{CopyTo, Task};
-use ampccl_runtime::{DataType, Error, ReduceOp, Result};
+use ampccl_runtime::{Error, Result};
 use ampccl_transport::bootstrap::{Bootstrap, UniqueId};
 use ampccl_transport::link::Link;
-use ampccl_transport::probe;
-use ampccl_transport::shm::{self, ShmConfig, ShmDevice};
+use ampccl_transport::transport::{self, Transport, TransportConfig};
 
 use crate::config::{self, Config};
-use crate::executor::{Operator, SelectCtx};
-use crate::fasthash::FastMap;
+use crate::executor::SelectCtx;
 use crate::op::{OpKind, OpParam};
 use crate::operator;
-use crate::registry::{Entry, Registry};
+use crate::registry::Registry;
 use crate::resource::{AlgResourceResponse, BufKind, SharedUser};
 use crate::sink::{Region, StreamSink, slot};
 
-mod plan;
+mod cache;
+mod group;
+mod host;
 
-use plan::{Job, plan};
-
-/// Resources of one `(algorithm, new_tag)`, created once and reused.
-struct Resources {
-    sides: Vec<Stream>,
-    notifies: Vec<Notify>,
-    scratch: HostBuffer,
-}
-
-/// Resources by algorithm and tag, and the latest call's plan.
-#[derive(Default)]
-struct PlanCache {
-    resources: FastMap<(&'static str, u64), Arc<Resources>>,
-    /// A loop of calls of one shape (a training step's) skips selection and both lookups:
-    /// about 25 ns of a 140 ns 1-rank allreduce.
-    last: Option<Plan>,
-}
-
-/// What a call runs: the algorithm, its resources and the call's fingerprint.
-#[derive(Clone)]
-struct Plan {
-    shape: Shape,
-    /// The algorithm's position in the registry.
-    entry: usize,
-    res: Arc<Resources>,
-    fingerprint: u32,
-}
-
-/// What a plan depends on besides the communicator (whose rank, size, configuration and
-/// host facts are fixed): everything of the call but its sequence number.
-#[derive(Clone, Copy, PartialEq, Eq)]
-struct Shape {
-    kind: OpKind,
-    count: usize,
-    dtype: DataType,
-    op: ReduceOp,
-    root: usize,
-    in_place: bool,
-}
-
-impl Shape {
-    fn of(p: &OpParam) -> Shape {
-        Shape {
-            kind: p.kind,
-            count: p.count,
-            dtype: p.dtype,
-            op: p.op,
-            root: p.root,
-            in_place: p.in_place,
-        }
-    }
-}
+use cache::PlanCache;
+use group::plan;
+use host::{HostFacts, host_facts};
 
 pub(crate) struct CommInner {
     pub(crate) rank: usize,
     pub(crate) world: usize,
     pub(crate) boot: Bootstrap,
-    pub(crate) dev: Arc<ShmDevice>,
+    pub(crate) transport: Arc<dyn Transport>,
     pub(crate) engine: Engine,
     pub(crate) default_stream: Stream,
     pub(crate) config: Config,
@@ -122,8 +70,6 @@ pub struct Communicator {
 
 /// Bootstrap tag of communicator setup and split exchanges.
 const TAG_SPLIT: u64 = 0x5350_4c00_0000_0000;
-/// Bootstrap tag of the host facts gathered at init (see [`host_facts`]).
-const TAG_HOST: u64 = 0x4350_5500_0000_0000;
 
 impl Communicator {
     /// Joins the communicator of `world` ranks named by `id` as `rank` (like
@@ -161,15 +107,17 @@ impl Communicator {
         registry: Registry,
     ) -> Result<Communicator> {
         let (rank, world) = (boot.rank(), boot.world());
-        probe::select(&boot, config.transport.as_deref())?;
-        let shm_cfg = ShmConfig {
-            window: 2 * config.buffsize,
-            depth: config.fifo_depth,
-            allow_cma: config.allow_cma,
-        };
-        let dev = shm::connect(&boot, &shm_cfg)?;
-        dev.set_op_formatter(OpParam::describe_record);
-        let engine = Engine::new(dev.doorbell(), config.timeout);
+        let transport = transport::connect(
+            &boot,
+            &TransportConfig {
+                window: 2 * config.buffsize,
+                fifo_depth: config.fifo_depth,
+                allow_cma: config.allow_cma,
+                forced: config.transport.clone(),
+            },
+        )?;
+        transport.set_op_formatter(OpParam::describe_record);
+        let engine = Engine::new(transport.doorbell(), config.timeout);
         // Spinning only pays when every local rank has a core of its own: otherwise a spinning
         // rank delays the peer that shares its core.
         let host = host_facts(&boot, config.cache_bytes)?;
@@ -179,8 +127,8 @@ impl Communicator {
             DEFAULT_SPIN
         };
         engine.set_spin(config.spin.unwrap_or(default_spin));
-        let health_dev = dev.clone();
-        engine.set_health_check(Box::new(move || health_dev.check_peers_failed()));
+        let health = transport.clone();
+        engine.set_health_check(Box::new(move || health.check_peers_failed()));
         let default_stream = engine.stream();
         if rank == 0 {
             tracing::info!("communicator of {world} ranks: {config:?}");
@@ -190,7 +138,7 @@ impl Communicator {
                 rank,
                 world,
                 boot,
-                dev,
+                transport,
                 engine,
                 default_stream,
                 config,
@@ -234,10 +182,10 @@ impl Communicator {
         &self.inner.registry
     }
 
-    /// Whether the shared-memory transport writes straight into peers' user buffers
-    /// (cross-memory attach) rather than through bounce buffers.
+    /// Whether the transport moves data straight between user buffers (cross-memory attach
+    /// between local ranks) rather than through the communicator's window.
     pub fn uses_cross_memory_attach(&self) -> bool {
-        self.inner.dev.uses_cma()
+        self.inner.transport.user_mem_links()
     }
 
     /// The first error this communicator met, if any (like `ncclCommGetAsyncError`).
@@ -360,46 +308,10 @@ impl Communicator {
             after_prior(stream);
             c.orchestrate(stream, &calls[0], blocking && prior.is_none())
         } else {
+            // A group that cannot be planned is refused before anything is queued: the
+            // communicator stays usable.
             let jobs = plan(c.rank, calls)?;
-            // Without cross-memory attach every receive lands in the one CCL input buffer, so
-            // the group's receives take turns on one stream (sends, which read user memory,
-            // still run concurrently; a receive waits only for its matching send, which waits
-            // only for that receive: no cycle). With it they land in user memory directly.
-            let serial_recv = !c.dev.uses_cma();
-            let mut lanes = Vec::with_capacity(jobs.len());
-            let (mut n, mut recv_lane) = (0, None);
-            for job in &jobs {
-                let is_recv = matches!(*job, Job::Call(i) if calls[i].p.kind == OpKind::Recv);
-                let lane = match recv_lane {
-                    Some(l) if serial_recv && is_recv => l,
-                    _ => {
-                        n += 1;
-                        if serial_recv && is_recv {
-                            recv_lane = Some(n - 1);
-                        }
-                        n - 1
-                    }
-                };
-                lanes.push(lane);
-            }
-            let mut streams = c.group_streams.lock().unwrap_or_else(|e| e.into_inner());
-            while streams.len() < n {
-                streams.push(c.engine.stream());
-            }
-            for s in &streams[..n] {
-                after_prior(s);
-            }
-            let mut r = Ok(());
-            for (&job, &lane) in jobs.iter().zip(&lanes) {
-                r = c.run_job(&streams[lane], calls, job);
-                if r.is_err() {
-                    break;
-                }
-            }
-            for s in &streams[..n] {
-                stream.wait_event(&s.record());
-            }
-            r
+            c.run_group(stream, calls, &jobs, after_prior)
         };
         if let Err(e) = result {
             // Part of the operation may be queued: the ranks are out of step now.
@@ -428,77 +340,6 @@ pub(crate) struct Call {
 }
 
 impl CommInner {
-    /// The plan of a call: the latest call's again if `p` has its shape, else selected anew.
-    fn plan(&self, p: &OpParam, ctx: &SelectCtx) -> Result<Plan> {
-        let shape = Shape::of(p);
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(plan) = cache.last.as_ref().filter(|l| l.shape == shape) {
-            return Ok(plan.clone());
-        }
-        let (entry, new_tag) = self.select(p, operator::for_kind(p.kind), ctx)?;
-        let res = self.resources(&mut cache.resources, self.registry.at(entry), new_tag, p)?;
-        let plan = Plan {
-            shape,
-            entry,
-            res,
-            fingerprint: p.fingerprint(),
-        };
-        cache.last = Some(plan.clone());
-        Ok(plan)
-    }
-
-    /// The algorithm for `p` (its registry position) and its resource tag.
-    fn select(&self, p: &OpParam, op: &dyn Operator, ctx: &SelectCtx) -> Result<(usize, u64)> {
-        if let Some(name) = self.config.forced.get(&p.kind) {
-            let i = self.registry.position(name).ok_or_else(|| {
-                Error::InvalidArgument(format!(
-                    "AMPCCL_ALGO_{}={name}: no such algorithm (registered:\n{})",
-                    p.kind.name().to_uppercase(),
-                    self.registry
-                ))
-            })?;
-            let e = self.registry.at(i);
-            if e.kind != p.kind {
-                return Err(Error::InvalidArgument(format!(
-                    "algorithm {name} runs {}, not {}",
-                    e.kind.name(),
-                    p.kind.name()
-                )));
-            }
-            return Ok((i, 0));
-        }
-        let (name, tag) = op.select_alg(p, ctx);
-        let i = self.registry.position(name).ok_or_else(|| {
-            Error::Internal(format!("operator selected unregistered algorithm {name}"))
-        })?;
-        Ok((i, tag))
-    }
-
-    /// Queues one job onto `stream` (the caller, `submit`, guarantees the calls' regions stay
-    /// valid until the stream gets past it).
-    fn run_job(&self, stream: &Stream, calls: &[Call], job: Job) -> Result<()> {
-        match job {
-            Job::Call(i) => self.orchestrate(stream, &calls[i], false),
-            Job::SelfCopy { send, recv } => {
-                let (src, dst) = (calls[send].input, calls[recv].output);
-                if src.len > 0 && src.ptr != dst.ptr {
-                    // SAFETY: both regions hold `src.len` bytes (checked by `plan`) and stay
-                    // valid until the operation completes (the contract of `submit`); the
-                    // typed API borrows them as `&[T]` and `&mut [T]`, so they do not overlap.
-                    unsafe {
-                        stream.enqueue(Task::Copy {
-                            dst: dst.ptr,
-                            src: src.ptr,
-                            len: src.len,
-                            to: CopyTo::Local,
-                        })
-                    };
-                }
-                Ok(())
-            }
-        }
-    }
-
     /// Selects, fetches resources and orchestrates one call onto `stream`; `may_inline`: the
     /// caller waits for it at once and nothing of this communicator runs before it, so a
     /// single-stream algorithm may run inline (see `submit`).
@@ -511,13 +352,13 @@ impl CommInner {
         }
         let ctx = SelectCtx {
             ccl_size: self.config.buffsize,
-            user_mem_links: self.dev.uses_cma(),
+            user_mem_links: self.transport.user_mem_links(),
             oversubscribed: self.host.oversubscribed,
             cache_bytes: self.host.cache_bytes,
         };
         let plan = self.plan(p, &ctx)?;
         let (entry, res) = (self.registry.at(plan.entry), &plan.res);
-        let (window, _) = self.dev.window();
+        let (window, _) = self.transport.window();
         let b = self.config.buffsize;
         let mut regions = [Region::EMPTY; 5];
         regions[slot(BufKind::UserIn)] = call.input;
@@ -532,12 +373,12 @@ impl CommInner {
             len: b,
         };
         regions[slot(BufKind::Scratch)] = res.scratch.region();
-        let shared = |r: Region| r.len > 0 && shm::shared::find(r.ptr, r.len).is_some();
+        let shared = |r: Region| r.len > 0 && self.transport.is_shared_user_memory(r.ptr, r.len);
         let shared_user = SharedUser {
             input: shared(call.input),
             output: shared(call.output),
         };
-        self.dev.set_op(&p.to_record());
+        self.transport.set_op(&p.to_record());
         let links = self.link_table.lock().unwrap_or_else(|e| e.into_inner());
         let mut sink = StreamSink {
             main: stream,
@@ -572,171 +413,11 @@ impl CommInner {
         Ok(())
     }
 
-    /// The resources of `entry` for `new_tag`, made at its first use.
-    fn resources(
-        &self,
-        cache: &mut FastMap<(&'static str, u64), Arc<Resources>>,
-        entry: &Entry,
-        new_tag: u64,
-        p: &OpParam,
-    ) -> Result<Arc<Resources>> {
-        let key = (entry.name, new_tag);
-        if let Some(r) = cache.get(&key) {
-            return Ok(r.clone());
-        }
-        let req = entry.executor.calc_res_request(p);
-        for peer in req.peers() {
-            if peer >= self.world || peer == self.rank {
-                return Err(Error::Internal(format!(
-                    "algorithm {} requested a link to rank {peer} (world {}, rank {})",
-                    entry.name, self.world, self.rank
-                )));
-            }
-            let link = self.links[peer]
-                .get_or_init(|| Link::new(self.dev.clone(), peer))
-                .clone();
-            self.link_table.lock().unwrap_or_else(|e| e.into_inner())[peer] = Some(link);
-        }
-        let r = Arc::new(Resources {
-            sides: (0..req.stream_num).map(|_| self.engine.stream()).collect(),
-            notifies: (0..req.notify_num).map(|_| self.engine.notify()).collect(),
-            scratch: HostBuffer::zeroed(req.scratch_mem_size),
-        });
-        tracing::debug!("resources for {} tag {new_tag}: {req:?}", entry.name);
-        cache.insert(key, r.clone());
-        Ok(r)
-    }
-
     /// Marks the communicator failed and tells the peers.
     pub(crate) fn fail(&self, msg: &str) {
         if !self.failed.swap(true, Ordering::AcqRel) {
             tracing::error!("rank {}: {msg}", self.rank);
-            self.dev.mark_failed(msg);
+            self.transport.mark_failed(msg);
         }
-    }
-}
-
-/// What the ranks on this host agree on about it (every local rank computes the same, so
-/// their algorithm choices agree).
-#[derive(Clone, Copy, Debug)]
-struct HostFacts {
-    /// Whether this host runs more ranks of the communicator than the CPUs they may run on
-    /// together: the union of the local ranks' affinity masks. Each rank's own mask is not
-    /// enough: ranks pinned one per CPU (as MPI launchers and `ampccl-perf -g` pin them) each
-    /// see one CPU, yet none shares its core. See [`SelectCtx::oversubscribed`].
-    oversubscribed: bool,
-    /// See [`SelectCtx::cache_bytes`].
-    cache_bytes: usize,
-}
-
-/// Gathers every rank's CPU set and last-level cache size (`cache_bytes`, else sysfs's); the
-/// local ones decide.
-fn host_facts(boot: &Bootstrap, cache_bytes: Option<usize>) -> Result<HostFacts> {
-    let cache = cache_bytes.unwrap_or_else(last_level_cache_bytes);
-    let mut mine = (cache as u64).to_le_bytes().to_vec();
-    mine.extend(cpu_mask());
-    let all = boot.allgather(TAG_HOST, &mine)?;
-    let here = boot.host_id();
-    let local: Vec<(u64, &[u8])> = all
-        .iter()
-        .zip(boot.host_ids())
-        .filter(|(_, h)| **h == here)
-        .map(|(m, _)| {
-            let (cache, mask) = m.split_at(8.min(m.len()));
-            (cache.try_into().map_or(0, u64::from_le_bytes), mask)
-        })
-        .collect();
-    let masks: Vec<&[u8]> = local.iter().map(|(_, m)| *m).collect();
-    Ok(HostFacts {
-        oversubscribed: local.len() > cpus_in_union(&masks),
-        cache_bytes: local.iter().map(|(c, _)| *c).min().unwrap_or(0) as usize,
-    })
-}
-
-/// Size of the last (highest-level) cache of CPU 0, from sysfs; 0 if it cannot be read.
-fn last_level_cache_bytes() -> usize {
-    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
-    let read = |p: std::path::PathBuf| std::fs::read_to_string(p).ok();
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .filter_map(|e| {
-            let path = e.ok()?.path();
-            let level: u32 = read(path.join("level"))?.trim().parse().ok()?;
-            Some((level, parse_cache_size(&read(path.join("size"))?)?))
-        })
-        .max()
-        .map_or(0, |(_, bytes)| bytes)
-}
-
-/// A sysfs cache size (`32768K`, `4M`, `512`) in bytes.
-fn parse_cache_size(s: &str) -> Option<usize> {
-    let s = s.trim();
-    let (num, unit) = match s.char_indices().last()? {
-        (i, 'K') => (&s[..i], 1 << 10),
-        (i, 'M') => (&s[..i], 1 << 20),
-        (i, 'G') => (&s[..i], 1 << 30),
-        _ => (s, 1),
-    };
-    num.parse::<usize>().ok()?.checked_mul(unit)
-}
-
-/// The CPUs this thread may run on, as a bitmap (bit `c % 8` of byte `c / 8`); when the mask
-/// cannot be read, as many CPUs as `available_parallelism` counts.
-fn cpu_mask() -> Vec<u8> {
-    use rustix::thread::{CpuSet, sched_getaffinity};
-    let mut bits = vec![0u8; CpuSet::MAX_CPU.div_ceil(8)];
-    match sched_getaffinity(None) {
-        Ok(set) => (0..CpuSet::MAX_CPU)
-            .filter(|&c| set.is_set(c))
-            .for_each(|c| bits[c / 8] |= 1 << (c % 8)),
-        Err(_) => {
-            let n = std::thread::available_parallelism().map_or(1, |n| n.get());
-            (0..n.min(CpuSet::MAX_CPU)).for_each(|c| bits[c / 8] |= 1 << (c % 8));
-        }
-    }
-    bits
-}
-
-/// Number of CPUs in the union of bitmaps (at least 1).
-fn cpus_in_union(masks: &[&[u8]]) -> usize {
-    let len = masks.iter().map(|m| m.len()).max().unwrap_or(0);
-    let n: u32 = (0..len)
-        .map(|i| {
-            masks
-                .iter()
-                .fold(0u8, |acc, m| acc | m.get(i).copied().unwrap_or(0))
-                .count_ones()
-        })
-        .sum();
-    (n as usize).max(1)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pinned_ranks_count_the_union_of_their_cpus() {
-        let (cpu0, cpu1, both) = ([0b01u8], [0b10u8], [0b11u8]);
-        // Two ranks pinned to CPUs 0 and 1: two CPUs, not oversubscribed.
-        assert_eq!(cpus_in_union(&[&cpu0, &cpu1]), 2);
-        // Both pinned to CPU 0, or unpinned on a 2-CPU host.
-        assert_eq!(cpus_in_union(&[&cpu0, &cpu0]), 1);
-        assert_eq!(cpus_in_union(&[&both, &both, &both]), 2);
-        // Masks of different lengths; an empty set still counts one CPU.
-        assert_eq!(cpus_in_union(&[&[0u8, 0b1000_0000], &cpu1]), 2);
-        assert_eq!(cpus_in_union(&[&[]]), 1);
-        assert!(cpu_mask().iter().any(|b| *b != 0));
-    }
-
-    #[test]
-    fn cache_sizes_parse_as_sysfs_writes_them() {
-        assert_eq!(parse_cache_size("32768K\n"), Some(32 << 20));
-        assert_eq!(parse_cache_size("4M"), Some(4 << 20));
-        assert_eq!(parse_cache_size("512"), Some(512));
-        assert_eq!(parse_cache_size("K"), None);
-        assert_eq!(parse_cache_size("x12K"), None);
     }
 }

@@ -5,8 +5,8 @@ use super::{Controller, ExecStat, observe_bw};
 use crate::key::OpKey;
 use crate::param::ParamValue;
 
-/// Fast-path fraction of plain `static`: NCCL 327 GB/s vs ~47 GB/s over PCIe (2 × H200
-/// allreduce, DESIGN.md §3).
+/// Fast-path fraction of plain `static`: the share NCCL carries when both paths finish
+/// together at the bandwidths measured for a 2-GPU allreduce (`docs/TUNING.md`).
 pub const DEFAULT_ALPHA: f64 = 0.875;
 
 /// Fixed-split controller.

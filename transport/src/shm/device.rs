@@ -46,7 +46,7 @@ pub struct ShmDevice {
 }
 
 /// Formats an operation record published with [`ShmDevice::set_op`].
-pub type OpFormatter = fn(&[u64]) -> Option<String>;
+pub use crate::transport::OpFormatter;
 
 /// The doorbell in the header of a peer's segment.
 #[cfg(not(ampccl_loom))]

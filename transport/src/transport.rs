@@ -1,0 +1,102 @@
+//! The transport as a communicator holds it (NCCL's transport vtable): a connected provider
+//! that is an [`RmaDevice`] for the links' protocol, plus what the communicator needs around
+//! the operations — its CCL window, its doorbell, the failure flag peers watch, and the
+//! operation record peers compare against theirs.
+//!
+//! [`connect`] picks the provider from the probe list ([`crate::probe`]) and connects it; the
+//! communicator never names a concrete provider, so the next ones plug in here.
+
+use std::sync::Arc;
+
+use ampccl_runtime::Result;
+use ampccl_runtime::doorbell::Doorbell;
+
+use crate::bootstrap::Bootstrap;
+use crate::device::RmaDevice;
+use crate::probe::{self, Provider};
+use crate::shm::{self, ShmConfig, ShmDevice};
+
+/// Formats a peer's operation record for a mismatch error (`None`: not a record).
+pub type OpFormatter = fn(&[u64]) -> Option<String>;
+
+/// A connected transport provider.
+pub trait Transport: RmaDevice {
+    /// The provider's name (`AMPCCL_TRANSPORT`'s values).
+    fn name(&self) -> &'static str;
+    /// The doorbell an idle engine of this rank sleeps on (peers ring it when they write).
+    fn doorbell(&self) -> Doorbell;
+    /// This rank's registered window, `(base, len)`: the communicator's CCL buffers, which
+    /// peers write into.
+    fn window(&self) -> (*mut u8, usize);
+    /// Whether peers reach this rank's user buffers directly (so links may receive into and
+    /// send from user memory without the window).
+    fn user_mem_links(&self) -> bool;
+    /// Whether `len` bytes at `ptr` lie in memory the peers have mapped (shared user memory).
+    fn is_shared_user_memory(&self, ptr: *const u8, len: usize) -> bool;
+    /// Publishes the record of the operation this rank runs (peers describe it on mismatch).
+    fn set_op(&self, record: &[u64]);
+    /// Sets how peers' operation records are described in errors (once).
+    fn set_op_formatter(&self, f: OpFormatter);
+    /// Marks this rank failed with `msg`, so that peers stop waiting for it.
+    fn mark_failed(&self, msg: &str);
+    /// The error of the first peer that marked itself failed.
+    fn check_peers_failed(&self) -> Result<()>;
+}
+
+/// What a communicator asks of its transport.
+#[derive(Clone, Debug)]
+pub struct TransportConfig {
+    /// Bytes of this rank's registered window (the CCL buffers).
+    pub window: usize,
+    /// Clear-to-send FIFO depth.
+    pub fifo_depth: usize,
+    /// Whether cross-memory attach may be used where the kernel permits it.
+    pub allow_cma: bool,
+    /// The provider `AMPCCL_TRANSPORT` forces, if any.
+    pub forced: Option<String>,
+}
+
+/// Picks the first provider of the probe list that can connect the ranks of `boot` (or the
+/// forced one) and connects it.
+pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<dyn Transport>> {
+    match probe::select(boot, cfg.forced.as_deref())? {
+        Provider::Shm => {
+            let shm_cfg = ShmConfig {
+                window: cfg.window,
+                depth: cfg.fifo_depth,
+                allow_cma: cfg.allow_cma,
+            };
+            Ok(shm::connect(boot, &shm_cfg)?)
+        }
+    }
+}
+
+impl Transport for ShmDevice {
+    fn name(&self) -> &'static str {
+        Provider::Shm.name()
+    }
+    fn doorbell(&self) -> Doorbell {
+        ShmDevice::doorbell(self)
+    }
+    fn window(&self) -> (*mut u8, usize) {
+        ShmDevice::window(self)
+    }
+    fn user_mem_links(&self) -> bool {
+        self.uses_cma()
+    }
+    fn is_shared_user_memory(&self, ptr: *const u8, len: usize) -> bool {
+        shm::shared::find(ptr, len).is_some()
+    }
+    fn set_op(&self, record: &[u64]) {
+        ShmDevice::set_op(self, record)
+    }
+    fn set_op_formatter(&self, f: OpFormatter) {
+        ShmDevice::set_op_formatter(self, f)
+    }
+    fn mark_failed(&self, msg: &str) {
+        ShmDevice::mark_failed(self, msg)
+    }
+    fn check_peers_failed(&self) -> Result<()> {
+        ShmDevice::check_peers_failed(self)
+    }
+}
