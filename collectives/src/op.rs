@@ -66,20 +66,21 @@ impl OpKind {
     }
 
     /// Elements of the input buffer for `count` on `world` ranks (NCCL's count conventions).
-    pub const fn input_count(self, count: usize, world: usize) -> usize {
+    /// `None` when it overflows.
+    pub const fn input_count(self, count: usize, world: usize) -> Option<usize> {
         match self {
-            OpKind::ReduceScatter | OpKind::AllToAll => count * world,
-            OpKind::Barrier | OpKind::Recv => 0,
-            _ => count,
+            OpKind::ReduceScatter | OpKind::AllToAll => count.checked_mul(world),
+            OpKind::Barrier | OpKind::Recv => Some(0),
+            _ => Some(count),
         }
     }
 
-    /// Elements of the output buffer.
-    pub const fn output_count(self, count: usize, world: usize) -> usize {
+    /// Elements of the output buffer; `None` when it overflows.
+    pub const fn output_count(self, count: usize, world: usize) -> Option<usize> {
         match self {
-            OpKind::AllGather | OpKind::AllToAll => count * world,
-            OpKind::Barrier | OpKind::Send => 0,
-            _ => count,
+            OpKind::AllGather | OpKind::AllToAll => count.checked_mul(world),
+            OpKind::Barrier | OpKind::Send => Some(0),
+            _ => Some(count),
         }
     }
 }
@@ -112,14 +113,17 @@ impl OpParam {
         self.dtype.size()
     }
 
-    /// Input bytes.
+    /// Input bytes (an operation's parameters are checked against the address space when it
+    /// is made, so this does not overflow; it saturates if it ever would).
     pub fn input_bytes(&self) -> usize {
-        self.kind.input_count(self.count, self.world) * self.elem()
+        let n = self.kind.input_count(self.count, self.world);
+        n.map_or(usize::MAX, |n| n.saturating_mul(self.elem()))
     }
 
-    /// Output bytes.
+    /// Output bytes (see [`OpParam::input_bytes`]).
     pub fn output_bytes(&self) -> usize {
-        self.kind.output_count(self.count, self.world) * self.elem()
+        let n = self.kind.output_count(self.count, self.world);
+        n.map_or(usize::MAX, |n| n.saturating_mul(self.elem()))
     }
 
     /// The other rank of a 2-rank algorithm `alg`; outside its domain (any other world size)

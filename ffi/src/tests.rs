@@ -160,3 +160,67 @@ fn non_blocking_init_and_inits_in_a_group() {
         }
     }
 }
+
+/// Counts whose byte size is arithmetic that fits `size_t` but memory that cannot exist (a
+/// negative count cast to `size_t`, `SIZE_MAX / 4` floats, a count times the rank count that
+/// overflows) are refused at the call on the rank that makes it, every collective and both
+/// sides of point-to-point, and the communicators stay usable.
+#[test]
+fn absurd_counts_are_refused_at_the_call_and_the_communicator_survives() {
+    use crate::ampcclGetLastError;
+    use crate::coll::*;
+    let mut comms = [null_mut(); 2];
+    // SAFETY: room for 2 handles; devlist may be NULL.
+    assert_eq!(
+        unsafe { ampcclCommInitAll(comms.as_mut_ptr(), 2, std::ptr::null()) },
+        ampcclSuccess
+    );
+    let mut buf = vec![0f32; 64];
+    let (p, c) = (buf.as_mut_ptr() as *mut c_void, comms[1]);
+    let s = null_mut();
+    for count in [
+        usize::MAX,
+        usize::MAX / 4,
+        usize::MAX / 2 + 1,
+        1 << 60,
+        1 << 58,
+    ] {
+        // SAFETY (every call): a live communicator; the calls are refused before any buffer
+        // is touched, which is what the test checks.
+        let results: [(&str, ampcclResult_t); 8] = unsafe {
+            [
+                ("allreduce", ampcclAllReduce(p, p, count, F32, SUM, c, s)),
+                ("allgather", ampcclAllGather(p, p, count, F32, c, s)),
+                (
+                    "reducescatter",
+                    ampcclReduceScatter(p, p, count, F32, SUM, c, s),
+                ),
+                (
+                    "broadcast (non-root)",
+                    ampcclBroadcast(p, p, count, F32, 0, c, s),
+                ),
+                (
+                    "reduce (non-root)",
+                    ampcclReduce(p, p, count, F32, SUM, 0, c, s),
+                ),
+                ("alltoall", ampcclAlltoAll(p, p, count, F32, c, s)),
+                ("send", ampcclSend(p, count, F32, 0, c, s)),
+                ("recv", ampcclRecv(p, count, F32, 0, c, s)),
+            ]
+        };
+        for (what, r) in results {
+            assert_eq!(r, ampcclInvalidArgument, "{what} of {count} floats");
+            // SAFETY: the per-thread message is a valid C string.
+            let msg = unsafe { std::ffi::CStr::from_ptr(ampcclGetLastError(c)) };
+            assert!(
+                msg.to_string_lossy().contains("address space"),
+                "{what}: {msg:?}"
+            );
+        }
+    }
+    grouped_allreduce(&comms, null_mut(), 1000);
+    for c in comms {
+        // SAFETY: live handles, destroyed once.
+        assert_eq!(unsafe { ampcclCommDestroy(c) }, ampcclSuccess);
+    }
+}

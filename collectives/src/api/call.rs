@@ -45,6 +45,16 @@ impl OpSpec {
     }
 }
 
+/// The end of the user address space that any buffer must lie below: 2^57 on 64-bit targets
+/// (Linux's limit with 5-level page tables; 2^47 with 4 levels). A count whose byte size is
+/// valid arithmetic but lies beyond it (a negative count cast to `size_t`) is refused at the
+/// call rather than queueing work for memory that cannot exist.
+const MAX_BYTES: usize = if usize::BITS >= 64 {
+    1 << 57
+} else {
+    isize::MAX as usize
+};
+
 /// Builds and checks a call (shared by the typed API and the raw one).
 ///
 /// `input`/`output` are byte regions; a region is in place when it starts at NCCL's in-place
@@ -75,11 +85,14 @@ pub(crate) fn make_call(
             "{what} {root} is not a rank of this communicator (size {world})"
         )));
     }
-    let in_need = kind.input_count(count, world).checked_mul(e);
-    let out_need = kind.output_count(count, world).checked_mul(e);
+    let bytes = |n: Option<usize>| n.and_then(|n| n.checked_mul(e)).filter(|&b| b <= MAX_BYTES);
+    let in_need = bytes(kind.input_count(count, world));
+    let out_need = bytes(kind.output_count(count, world));
     let (Some(in_need), Some(out_need)) = (in_need, out_need) else {
         return Err(Error::InvalidArgument(format!(
-            "count {count} overflows the address space"
+            "count {count} of {} on {world} ranks exceeds the address space (a negative count \
+             cast to an unsigned one?)",
+            dtype.name()
         )));
     };
     // Broadcast's input matters on the root only, Reduce's output on the root only.
@@ -96,6 +109,15 @@ pub(crate) fn make_call(
     for (name, r, need) in [("input", input, in_need), ("output", output, out_need)] {
         if need > 0 && r.ptr.is_null() {
             return Err(Error::InvalidArgument(format!("{name} buffer is null")));
+        }
+        if (r.ptr as usize)
+            .checked_add(need)
+            .is_none_or(|end| end > MAX_BYTES)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "{name} buffer at {:p} of {need} bytes ends beyond the address space",
+                r.ptr
+            )));
         }
         if r.len < need {
             return Err(Error::InvalidArgument(format!(
