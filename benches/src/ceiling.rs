@@ -61,7 +61,9 @@ const BLOCK: usize = 64 << 10;
 
 /// Slot size of the staged broadcast's ring: its chunks are `BroadcastPair`'s
 /// ([`broadcast_pair::chunk_bytes`]), at most this.
-const STAGE_CHUNK: usize = broadcast_pair::PAIR_CHUNK;
+fn stage_chunk() -> usize {
+    broadcast_pair::max_chunk_bytes()
+}
 
 /// Slots of the staged broadcast's ring (a 4 MiB ring, the size of the library's window).
 const STAGE_SLOTS: usize = 8;
@@ -282,7 +284,7 @@ fn worker<T: Num>(
         let mut staging = vec![
             0u8;
             if args.staged && rank == 1 {
-                STAGE_SLOTS * STAGE_CHUNK
+                STAGE_SLOTS * stage_chunk()
             } else {
                 0
             }
@@ -355,7 +357,7 @@ impl Job {
     /// # Safety
     /// `mine` and `peer` hold live buffers, aligned for `dtype`, of `cin` input and `cout`
     /// output elements (broadcast: `output == input`; staged: rank 1's `staging` holds
-    /// [`STAGE_SLOTS`] × [`STAGE_CHUNK`] bytes); the peer thread runs `run` with the roles
+    /// [`STAGE_SLOTS`] × [`stage_chunk`] bytes); the peer thread runs `run` with the roles
     /// swapped at the same time, with the same `staged` counters, and nothing else accesses the
     /// buffers.
     unsafe fn run(self, rank: usize, mine: Bufs, peer: Bufs, staged: &[Padded; 2]) {
@@ -420,7 +422,7 @@ impl Job {
                     let done = staged[rank].0.load(Ordering::Relaxed);
                     for (i, (s, l)) in rounds(cout, chunk_elems(want, e)).enumerate() {
                         let seq = done + i as u64;
-                        let slot = ring.add((seq as usize % STAGE_SLOTS) * STAGE_CHUNK);
+                        let slot = ring.add((seq as usize % STAGE_SLOTS) * stage_chunk());
                         if rank == 0 {
                             // The slot's last chunk has been copied out.
                             staged[1].wait_for((seq + 1).saturating_sub(STAGE_SLOTS as u64));

@@ -2,6 +2,7 @@
 //! per collective).
 
 use ampccl_runtime::Result;
+use ampccl_runtime::param::{Param, Unit};
 
 use crate::op::OpParam;
 use crate::resource::{AlgResourceRequest, AlgResourceResponse};
@@ -45,23 +46,33 @@ impl SelectCtx {
 
 /// A call is beyond the cache once its largest user buffer exceeds 1/`CACHE_SHARE` of the
 /// host's last-level cache: the ranks' buffers and windows share it. Where that is the case
-/// algorithms that read or write each byte from memory fewer times win, and inside it they
-/// lose. µs out of place / in place, 2 ranks, 3 alternated runs (session 8, AMD EPYC, 32 MiB
-/// L3: `AMPCCL_ALGO_ALLGATHER=... ampccl-perf -g 2 -o allgather -b 4M -e 32M -f 2 -n 20 -w
-/// 4`), `AllGatherPair` vs `AllGatherRing`: 4 MiB 360/206 vs 256/200, 8 MiB 741/451 vs
-/// 888/370, 16 MiB 1597/952 vs 2142/1192, 32 MiB 3627/2022 vs 4479/2769.
-pub const CACHE_SHARE: usize = 4;
+/// algorithms that read or write each byte from memory fewer times (streaming stores, one
+/// pass for two copies) win, and inside it they lose. Measured value: docs/TUNING.md.
+pub static CACHE_SHARE: Param = Param::new(
+    "BEYOND_CACHE_SHARE",
+    4,
+    (1, 64),
+    Unit::Count,
+    "a call is beyond the cache once its largest buffer exceeds 1/this of the last-level cache",
+);
 
-/// Bytes from which a call counts as beyond the cache when the cache's size is unknown.
-pub const MIN_BYTES_UNKNOWN_CACHE: usize = 16 << 20;
+/// Bytes from which a call counts as beyond the cache when the cache's size is unknown (no
+/// sysfs entry and no `AMPCCL_CACHE_BYTES`).
+pub static MIN_BYTES_UNKNOWN_CACHE: Param = Param::new(
+    "BEYOND_CACHE_UNKNOWN_MIN",
+    16 << 20,
+    (0, u64::MAX),
+    Unit::Bytes,
+    "where the cache size is unknown, calls from this size count as beyond the cache",
+);
 
 /// Whether a call whose largest user buffer holds `bytes` is beyond a last-level cache of
 /// `cache_bytes` (0: unknown), see [`CACHE_SHARE`].
 pub fn beyond_cache(cache_bytes: usize, bytes: usize) -> bool {
     if cache_bytes == 0 {
-        bytes >= MIN_BYTES_UNKNOWN_CACHE
+        bytes >= MIN_BYTES_UNKNOWN_CACHE.bytes()
     } else {
-        bytes > cache_bytes / CACHE_SHARE
+        bytes > cache_bytes / CACHE_SHARE.get() as usize
     }
 }
 

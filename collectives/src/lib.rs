@@ -9,6 +9,8 @@
 //!   asynchronous calls on owned buffers ([`Communicator::on`] a stream), groups, split, abort.
 //! - [`executor::Executor`] / [`registry::Registry`]: algorithms by name; register your own.
 //! - [`verify`]: the offline verifier of executors' task graphs.
+//! - [`params`]: every tuned constant with its environment override ([`tuning`],
+//!   docs/TUNING.md).
 
 pub mod algorithms;
 mod api;
@@ -22,6 +24,7 @@ pub mod registry;
 pub mod resource;
 mod sink;
 pub mod steps;
+pub mod tuning;
 pub mod verify;
 
 pub use ampccl_runtime::stream::{Event, Stream};
@@ -32,3 +35,4 @@ pub use api::{Group, OnStream, OpFuture, OpSpec, RawOp, SharedBuf, StableBuf};
 pub use comm::Communicator;
 pub use config::Config;
 pub use half::{bf16, f16};
+pub use tuning::params;

@@ -19,3 +19,13 @@ pub(crate) mod testdev;
 pub mod transport;
 
 pub use ampccl_runtime::{Error, Result};
+
+use ampccl_runtime::param::Param;
+
+/// The transports' tuned parameters ([`Param`], docs/TUNING.md). None so far: the constants
+/// here are layout (the shared-memory segment's, a cache line of credit words), bounds that
+/// keep the bootstrap from deadlocking, or unmeasured choices of code that runs only at
+/// initialization; docs/TUNING.md ("Fixed constants") says why each stays fixed.
+pub fn params() -> Vec<&'static Param> {
+    Vec::new()
+}

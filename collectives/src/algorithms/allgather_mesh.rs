@@ -11,9 +11,8 @@
 //! CCL input buffer (a [`Window`](crate::steps::window::Window) part of `ccl_in_size / world`
 //! bytes; the streams never share one), in slots rotating over the part, and is copied into
 //! the output, in chunks of at most half the part. Not straight into the output even where
-//! links could write user memory: a cross-memory write costs a system call of about 2 µs,
-//! more than the copy it saves at these sizes (2 ranks, 4 KiB output: 3.5 µs direct vs 1.4
-//! through the window; 3 ranks, 12 KiB: 18.6 vs 9.6; session 10, docs/PERFORMANCE.md). The
+//! links could write user memory: a cross-memory write costs a system call, more than the copy
+//! it saves at the sizes the mesh serves (docs/TUNING.md, "Choices without a parameter"). The
 //! own block is copied on the main stream unless the call is in place. One round of
 //! messages: the latency algorithm; the operator selects it for small messages.
 

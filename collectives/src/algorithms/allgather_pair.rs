@@ -15,21 +15,16 @@
 //! send needs no copy of its own. Where this rank's input lies in shared user memory it is
 //! offered as it is, and the peer's read is the only copy of its block.
 //!
-//! Beyond the cache ([`crate::executor::CACHE_SHARE`]) both output blocks are written with
+//! Beyond the cache ([`crate::executor::beyond_cache`]) both output blocks are written with
 //! streaming stores (`CopyTo::Output`: pieces of [`PIECE`] bytes stream), which skip reading
 //! the lines they overwrite, while the slot stays in the cache: each rank moves 3 bytes through
 //! memory per byte of its block. Inside the cache the outputs are stored plainly, as the next
 //! user of the data reads them from the cache.
 //!
-//! µs out of place / in place, medians of 8 clean alternated runs, the ring (with the
-//! previous, push form of this algorithm beyond the cache) against this (session 16, `PERF_A=old
-//! PERF_B=new ab_probed.py 8 X=1 X=1 -o allgather -b 256K -e 64M -f 2 -n 30 -w 6`): 256 KiB
-//! 12.9/7.5 → 11.9/7.5, 1 MiB 38.7/26.3 → 32.4/26.3, 4 MiB 163/101 → 142/100, 8 MiB 759/260 →
-//! 533/253, 16 MiB 1487/911 → 1363/940, 64 MiB 6712/4469 → 6469/4493.
-//!
 //! [`copy_tee`]: crate::resource::TaskSink::copy_tee
 
 use ampccl_runtime::Result;
+use ampccl_runtime::param::{Param, Unit};
 
 use crate::executor::Executor;
 use crate::op::OpParam;
@@ -40,12 +35,14 @@ use crate::steps::ring::Ring;
 
 /// Bytes of a piece (at most one ring slot): large enough for `copy_out` to stream it
 /// ([`ampccl_runtime::copy::STREAM_OUT_MIN`]) beyond the cache, small enough that a piece and
-/// its copies stay in the cache. µs out of place / in place, 16 MiB output, 3 alternated runs
-/// (session 8, AMD EPYC, the push form of the algorithm; `AMPCCL_ALGO_ALLGATHER=AllGatherPair
-/// ampccl-perf -g 2 -o allgather -b 1M -e 64M -f 4 -n 20 -w 4`, the piece size set by a
-/// temporary variable): 256 KiB pieces (no streaming) 1894/1073, 1 MiB 1492/912, 2 MiB
-/// 1564/932; 64 MiB: 8603/5843, 7010/4098, 7052/4412.
-pub const PIECE: usize = 1 << 20;
+/// its copies stay in the cache. Measured value: docs/TUNING.md.
+pub static PIECE: Param = Param::new(
+    "ALLGATHER_PAIR_PIECE",
+    1 << 20,
+    (4 << 10, 1 << 30),
+    Unit::Bytes,
+    "bytes of each rank's block one step of the 2-rank allgather pair moves",
+);
 
 pub struct AllGatherPair;
 
@@ -69,7 +66,7 @@ impl Executor for AllGatherPair {
         } else {
             CopyTo::Local
         };
-        let mut r = Ring::new(p, res, PIECE.min(bytes));
+        let mut r = Ring::new(p, res, PIECE.bytes().min(bytes));
         let piece = r.piece_elems;
         for (start, len) in rounds(p.count, piece) {
             let (off, n) = (start * e, len * e);

@@ -7,9 +7,8 @@
 //! most half of it per block (round `i` moves elements `[start, start + len)` of every block),
 //! also where links could write the peer's output directly: through the window the sender's
 //! copy and the receiver's copy out run on both cores at once, whereas a cross-memory write
-//! costs a system call and pins pages as it goes. Session 10, 2 ranks, µs in place, direct vs
-//! window (`AMPCCL_SHM_CMA=1` vs `0`, `ampccl-perf -g 2 -o allgather -b 4K -e 16M -f 4`):
-//! 256 KiB 11.8 vs 7.6, 1 MiB 42.6 vs 28.0, 4 MiB 161 vs 112; 3 ranks 1 MiB 146 vs 91.
+//! costs a system call and pins pages as it goes (docs/TUNING.md, "Choices without a
+//! parameter").
 
 use ampccl_runtime::Result;
 

@@ -8,9 +8,8 @@
 //!   ── offer(CclOut) ── read(peer's CclOut → my output) ── both done
 //! ```
 //! The ring ([`super::allreduce_ring`]) on 2 ranks reduces into the output and then sends the
-//! reduced half to the peer, which copies it into its output (through its window since
-//! session 10, with cross-memory attach before; the figures below are from then). Both
-//! stores miss the cache, and each first reads the line it is about to overwrite (read for
+//! reduced half to the peer, which copies it into its output (through its window). Beyond the
+//! cache both stores miss it, and each first reads the line it is about to overwrite (read for
 //! ownership), so each output byte costs three bytes of memory traffic. Here the reduction
 //! lands in `CclOut`, a cache-resident piece of the shared window. Each rank copies its own
 //! result into its output and reads the peer's result out of the peer's window (a read offer)
@@ -21,15 +20,13 @@
 //! extra pass, nothing to stream). Without such links every transfer goes through the windows.
 //!
 //! The copy into the own output takes each block of the result while it is in the L1 cache
-//! ([`reduce_tee`]; an average, final only after its division, is copied afterwards). µs out
-//! of place, the clean pairs of 6 alternated runs of the two builds (session 16, `ab_probed.py
-//! 6 X=1 X=1 -o allreduce -b 8M -e 64M -f 2 -n 20 -w 5`), a separate copy vs a copy per
-//! block: 16 MiB 2370 → 2152, 32 MiB 6048 → 5019, 64 MiB 10752 → 10129; in place alike. Inside
-//! the cache the pair still loses to one-shot and the ring (forced, 1 MiB 55.3/76.1 against
-//! 57.0/49.4 µs out of place / in place, 4 MiB 329/289 against 306/194).
+//! ([`reduce_tee`]; an average, final only after its division, is copied afterwards) instead
+//! of a second pass over the piece. Inside the cache the pair still loses to one-shot and the
+//! ring: its extra pass costs more than the streaming stores save.
 //!
 //! [`reduce_tee`]: crate::resource::TaskSink::reduce_tee
 
+use ampccl_runtime::param::{Param, Unit};
 use ampccl_runtime::{ReduceOp, Result};
 
 use crate::executor::Executor;
@@ -39,18 +36,17 @@ use crate::steps::blocks::{Blocks, rounds};
 use crate::steps::pipe::copy_through;
 use crate::steps::ring::Ring;
 
-/// Smallest message the operator hands to this algorithm on 2 ranks. µs out of place / in
-/// place, pair vs ring (`AMPCCL_ALGO_ALLREDUCE=... ampccl-perf -g 2 -o allreduce`): 16 MiB, 5
-/// alternated runs (`-b 16M -e 16M -n 40 -w 8`), 2630–2987/2144–2198 vs 2826–3201/2123–2306;
-/// 32 MiB, 3 runs (`-b 16M -e 32M -f 2 -n 20 -w 4`), 6207–6792/6474–7579 vs 7856–8923/
-/// 5891–6714; 64 MiB, 2 runs (`-b 4M -e 128M -f 2 -n 6 -w 2`), 12683–12735/13589–13901 vs
-/// 16274–17374/13438–13827; 8 MiB (same runs) 1342–1382/1085–1202 vs 1365–1373/1096–1102, no
-/// gain. In place the pair reads the peer's result with cross-memory attach where the ring
-/// writes it: about a tie. Those runs were on the Intel Xeon dev machine of session 6; on the
-/// AMD EPYC one of session 7 the pair also wins at 8 MiB (5 alternated runs, medians, `-b 4M
-/// -e 16M -f 2 -n 40 -w 10`): 4 MiB 498/291 vs 425/287, 8 MiB 1121/878 vs 1352/846, 16 MiB
-/// 2527/2306 vs 3474/2370. Hence 8 MiB: a gain here, a tie on the Xeon.
-pub const MIN_BYTES: usize = 8 << 20;
+/// Smallest message the operator hands to this algorithm on 2 ranks: from here the two
+/// outputs exceed the cache far enough that storing each output byte once, streamed, outweighs
+/// the extra pass. In place the pair reads the peer's result where the ring writes it: about a
+/// tie. Measured value (it differs by machine): docs/TUNING.md.
+pub static MIN_BYTES: Param = Param::new(
+    "ALLREDUCE_PAIR_MIN",
+    8 << 20,
+    (0, u64::MAX),
+    Unit::Bytes,
+    "on 2 ranks, allreduces from this size (beyond the one-shot range) take the pair algorithm",
+);
 
 pub struct AllReducePair;
 

@@ -7,13 +7,10 @@
 //! On 2 ranks, or without user-memory links, receives go through the slots of a
 //! [`Window`](crate::steps::window::Window) over the whole CCL input buffer (one stream), in
 //! chunks of at most half of it, and are copied into the output; on more ranks with such links
-//! they land straight in the output. Measured (session 10, `AMPCCL_SHM_CMA=1` vs `0`,
-//! `ampccl-perf -g P -o alltoall -b 4K -e 16M -f 4`, µs out of place, direct vs window): 2
-//! ranks 4 KiB 3.0 vs 0.85, 256 KiB 14.2 vs 11.6, 1 MiB 56 vs 45 (the system call of a
-//! cross-memory write outweighs the copy it saves); 3 ranks on 2 cores 256 KiB 53 vs 105,
-//! 1 MiB 148 vs 401, 4 MiB 626 vs 1925 (a direct write completes while its receiver is
-//! descheduled; through the window the receiver must run to copy out, and the steps' 3-rank
-//! cycles wait for it); 4 ranks mixed (16 KiB 31 vs 16, 4 MiB 966 vs 1168). In-place
+//! they land straight in the output. On 2 ranks the system call of a cross-memory write
+//! outweighs the copy it saves; on more ranks sharing few cores a direct write completes while
+//! its receiver is descheduled, whereas through the window the receiver must run to copy out
+//! and the steps' cycles wait for it (docs/TUNING.md, "Choices without a parameter"). In-place
 //! all-to-all is refused by the operator (a received block would overwrite one not yet sent).
 
 use ampccl_runtime::Result;

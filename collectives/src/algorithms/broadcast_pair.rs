@@ -17,8 +17,8 @@
 //! the receiver ([`copy_tee`]: the input is read once), and each push chunk after sending it.
 //!
 //! With both ranks' buffers shared, every byte is copied once and the two halves are copied at
-//! the same time, as two threads of one process would (the 2-thread ceiling of
-//! docs/PERFORMANCE.md). Without, the root still writes every byte into shared memory (half
+//! the same time, as two threads of one process would (the 2-thread ceiling, `ampccl-perf
+//! ceiling`). Without, the root still writes every byte into shared memory (half
 //! into the receiver's window, half into its own) and the receiver copies every byte out, as in
 //! the chain ([`super::broadcast_chain`]), with the same pipelining: the transfers of pair
 //! `j + 1` are posted before pair `j` is waited for, and pair `j + 2` reuses pair `j`'s slots
@@ -28,6 +28,7 @@
 //! [`copy_tee`]: crate::resource::TaskSink::copy_tee
 
 use ampccl_runtime::Result;
+use ampccl_runtime::param::{Param, Unit};
 
 use crate::executor::Executor;
 use crate::op::OpParam;
@@ -37,17 +38,29 @@ use crate::steps::window::Window;
 
 pub struct BroadcastPair;
 
-/// The pair's chunk: half the message, at least [`MIN_PIPELINE_CHUNK`] and at most 512 KiB.
-/// Larger than a chain's pieces ([`ChunkBound::pipelined`], a sixteenth of the message): the
-/// pair has no chain to fill, and each chunk costs a handshake. µs in place, medians of the
-/// clean alternated pairs, a sixteenth (at least 128 KiB) against this (session 15, `ab_probed.py
-/// 8 X=1 X=1 -o broadcast -b 256K -e 8M -f 2 -n 60 -w 10`, two builds): 1 MiB 35.4 → 27.9,
-/// 4 MiB 128 → 117 (minima), 8 MiB 267 → 256; 1 MiB chunks lost to 512 KiB from 1 to 32 MiB.
-pub const PAIR_CHUNK: usize = 512 << 10;
+/// The pair's largest chunk; a message is cut into chunks of half its size, at least
+/// [`MIN_PIPELINE_CHUNK`] and at most this. Larger than a chain's pieces
+/// ([`ChunkBound::pipelined`], a sixteenth of the message): the pair has no chain to fill, and
+/// each chunk costs a handshake. Measured value: docs/TUNING.md.
+pub static PAIR_CHUNK: Param = Param::new(
+    "BROADCAST_PAIR_CHUNK",
+    512 << 10,
+    (4 << 10, 1 << 30),
+    Unit::Bytes,
+    "largest chunk of the 2-rank broadcast pair",
+);
 
-/// The bytes of the pair's chunks for a `bytes`-byte message (see [`PAIR_CHUNK`]).
+/// The bytes of the pair's chunks for a `bytes`-byte message (see [`PAIR_CHUNK`]); where the
+/// two bounds cross, [`MIN_PIPELINE_CHUNK`] wins.
 pub fn chunk_bytes(bytes: usize) -> usize {
-    (bytes / 2).clamp(MIN_PIPELINE_CHUNK, PAIR_CHUNK)
+    (bytes / 2)
+        .min(PAIR_CHUNK.bytes())
+        .max(MIN_PIPELINE_CHUNK.bytes())
+}
+
+/// The largest [`chunk_bytes`] of any message.
+pub fn max_chunk_bytes() -> usize {
+    PAIR_CHUNK.bytes().max(MIN_PIPELINE_CHUNK.bytes())
 }
 
 impl Executor for BroadcastPair {

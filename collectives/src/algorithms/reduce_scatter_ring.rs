@@ -1,7 +1,7 @@
 //! `ReduceScatterRing`: bandwidth-optimal ring reduce-scatter. For `world - 1` steps each rank
 //! receives the previous rank's partial result of one block, combines it with its own input
-//! block and forwards it; partial results stay in the two alternating halves of the CCL input
-//! buffer ([`Ring`]) and only the final step writes the user output (block `rank`). Each rank
+//! block and forwards it; partial results stay in the receive slots of the CCL input buffer
+//! ([`Ring`]) and only the final step writes the user output (block `rank`). Each rank
 //! sends and receives `(P-1)/P` of the input once.
 //!
 //! Rounds of at most one half-buffer and at most [`PIECE`] bytes per block (round `i` reduces
@@ -12,13 +12,10 @@
 //! Beyond the cache ([`crate::executor::beyond_cache`] of the input) the final reductions go
 //! through `reduce_out`, which may write the output with streaming stores instead of reading
 //! each line of it from memory first; it times both kinds and keeps the cheaper, because which
-//! one wins depends on how busy this shared host's memory is. 2 ranks, µs out of place, medians
-//! of 9 alternated runs (session 12, AMD EPYC; `ampccl-perf -g 2 -o reducescatter -b 4M -e 64M
-//! -f 2 -n 20 -w 5`), before → after: 16 MiB 1129 → 1163, 32 MiB 2767 → 2548, 64 MiB 6304 →
-//! 5880 (4 and 8 MiB are inside the cache: unchanged). Always streaming lost at 8 MiB (409
-//! against 501) and at 16 MiB while the memory was idle (966 against 1026), and won at 16 MiB
-//! while it was busy (1408 against 1110).
+//! one wins depends on how busy this shared host's memory is (always streaming loses while the
+//! memory is idle, and wins while it is busy). Inside the cache the output is stored plainly.
 
+use ampccl_runtime::param::{Param, Unit};
 use ampccl_runtime::{ReduceOp, Result};
 
 use crate::executor::Executor;
@@ -29,12 +26,16 @@ use crate::steps::exchange::copy_own;
 use crate::steps::ring::{self, Final, Layout, Ring, Round};
 
 /// Most bytes of a block one round moves: the piece sent from the input, the slot it lands in
-/// and the own input and output pieces of its reduction then stay in a core's cache. µs out of
-/// place / in place, 2 ranks, 5 alternated runs (session 8, AMD EPYC, L2 1 MiB per core;
-/// `ampccl-perf -g 2 -o reducescatter -b 4M -e 64M -f 4 -n 20 -w 4`, the cap set by a temporary
-/// variable), 2 MiB (the half-buffer) / 512 KiB / 256 KiB: 4 MiB 152/100, 147/115, 182/175;
-/// 16 MiB 1619/1088, 1444/862, 1519/1025; 64 MiB 7181/4385, 7320/4426, 7340/4180.
-pub const PIECE: usize = 512 << 10;
+/// and the own input and output pieces of its reduction then stay in a core's L2 cache (a
+/// half-buffer round spills it; much smaller pieces pay more steps). Measured value:
+/// docs/TUNING.md.
+pub static PIECE: Param = Param::new(
+    "REDUCE_SCATTER_PIECE",
+    512 << 10,
+    (4 << 10, 1 << 30),
+    Unit::Bytes,
+    "most bytes of a block one round of the ring reduce-scatter moves",
+);
 
 pub struct ReduceScatterRing;
 
@@ -55,7 +56,7 @@ impl Executor for ReduceScatterRing {
         // Beyond the cache the final reductions may stream into the output (in place they
         // write the input block they read, and `reduce_out` stores plainly).
         let streamed = res.beyond_cache(n * e * p.world);
-        let mut r = Ring::new(p, res, PIECE.min(n * e));
+        let mut r = Ring::new(p, res, PIECE.bytes().min(n * e));
         for (start, len) in rounds(n, r.piece_elems) {
             let out = Mem::of(BufKind::UserOut).add(start * e);
             let round = Round {

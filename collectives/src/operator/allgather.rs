@@ -2,11 +2,21 @@
 //! example) while the whole output fits the CCL buffer and messages are small; beyond that the
 //! pair on 2 ranks with a core each, the ring otherwise.
 
+use ampccl_runtime::param::{Param, Unit};
+
 use crate::executor::{Operator, SelectCtx};
 use crate::op::OpParam;
 
-/// Largest per-rank message sent with the mesh algorithm.
-pub const MESH_MAX_BYTES: usize = 64 * 1024;
+/// Largest per-rank message sent with the mesh algorithm. The mesh is one round of messages
+/// but forks a stream per peer; beyond this size the pair's or the ring's fewer, larger
+/// copies win. Measured value: docs/TUNING.md.
+pub static MESH_MAX_BYTES: Param = Param::new(
+    "ALLGATHER_MESH_MAX",
+    64 << 10,
+    (0, 1 << 30),
+    Unit::Bytes,
+    "largest per-rank allgather message sent with the mesh algorithm",
+);
 
 pub struct AllGatherOperator;
 
@@ -14,7 +24,7 @@ impl Operator for AllGatherOperator {
     fn select_alg(&self, p: &OpParam, ctx: &SelectCtx) -> (&'static str, u64) {
         let bytes = p.count * p.elem();
         let out = bytes * p.world;
-        if bytes <= MESH_MAX_BYTES && out <= ctx.ccl_size {
+        if bytes <= MESH_MAX_BYTES.bytes() && out <= ctx.ccl_size {
             return ("AllGatherMesh", 0);
         }
         if p.world == 2 && !ctx.oversubscribed {
@@ -44,14 +54,15 @@ mod tests {
     #[test]
     fn two_ranks_with_a_core_each_take_the_pair_beyond_the_mesh() {
         let llc = 32 << 20;
-        assert_eq!(pick(2, 1024, llc, false), "AllGatherMesh");
-        assert_eq!(pick(2, MESH_MAX_BYTES, llc, false), "AllGatherMesh");
+        let mesh_max = MESH_MAX_BYTES.bytes();
+        assert_eq!(pick(2, 1024.min(mesh_max), llc, false), "AllGatherMesh");
+        assert_eq!(pick(2, mesh_max, llc, false), "AllGatherMesh");
         for cache in [llc, 0] {
-            assert_eq!(pick(2, MESH_MAX_BYTES + 1, cache, false), "AllGatherPair");
+            assert_eq!(pick(2, mesh_max + 1, cache, false), "AllGatherPair");
             assert_eq!(pick(2, 64 << 20, cache, false), "AllGatherPair");
         }
-        assert_eq!(pick(2, MESH_MAX_BYTES + 1, llc, true), "AllGatherRing");
-        assert_eq!(pick(3, MESH_MAX_BYTES + 1, llc, false), "AllGatherRing");
+        assert_eq!(pick(2, mesh_max + 1, llc, true), "AllGatherRing");
+        assert_eq!(pick(3, mesh_max + 1, llc, false), "AllGatherRing");
         assert_eq!(pick(3, 64 << 20, llc, false), "AllGatherRing");
     }
 }

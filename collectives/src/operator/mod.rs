@@ -1,5 +1,8 @@
 //! Operators, one per collective: validation beyond the generic checks, and algorithm
-//! selection by size and world size (thresholds from measurements, see docs/PERFORMANCE.md).
+//! selection by size and world size (thresholds chosen by measurement, each a [`Param`] that
+//! the environment can override; docs/TUNING.md lists them).
+//!
+//! [`Param`]: ampccl_runtime::param::Param
 
 use crate::executor::Operator;
 use crate::op::OpKind;

@@ -21,22 +21,32 @@
 //!   sender waits for that ack before writing (HCCL's `TxAck`/`RxAck`).
 
 use ampccl_runtime::Result;
+use ampccl_runtime::param::{Param, Unit};
 
 use crate::op::OpParam;
 use crate::resource::{AlgResourceResponse, BufKind, MAIN, Mem};
 use crate::steps::window::Window;
 
-/// Chunks a chain pipeline aims for (see [`ChunkBound::pipelined`]). 16 rather than 8: a
-/// shorter fill and drain; 2-rank broadcast in place, 3 alternated runs each (`ampccl-perf -g 2
-/// -o broadcast -b 1M -e 64M -f 4 -n 20 -w 5`): 4 MiB 350–362 µs against 361–401, 16 MiB
-/// 1395–1403 µs against 1422–1430, 64 MiB (chunks capped by the slot either way) unchanged.
-pub const PIPELINE_DEPTH: usize = 16;
-/// Smallest chunk a chain pipeline cuts (below, per-chunk costs dominate). 128 KiB since the
-/// eager protocol and inline execution cut per-chunk costs: 2 ranks in place, 4 alternated runs
-/// (`ampccl-perf -g 2 -o broadcast -b 512K -e 1M -f 2 -n 1000 -w 50`), busbw at 1 MiB 14.1–14.4
-/// GB/s against 12.5–13.4 with 256 KiB, at 512 KiB 12.1–13.2 against 11.0–11.6; reduce at 1 MiB
-/// 15.3 against 8.2–13.8. 64 KiB chunks were slower than both (1 MiB broadcast 105–110 µs).
-pub const MIN_PIPELINE_CHUNK: usize = 131072;
+/// Chunks a chain pipeline aims for (see [`ChunkBound::pipelined`]): more chunks shorten the
+/// pipeline's fill and drain, each costs a handshake. Measured value: docs/TUNING.md.
+pub static PIPELINE_DEPTH: Param = Param::new(
+    "CHAIN_PIPELINE_DEPTH",
+    16,
+    (1, 4096),
+    Unit::Count,
+    "chunks a chain pipeline (broadcast, reduce) aims to cut a message into",
+);
+
+/// Smallest chunk a chain pipeline cuts: below it the per-chunk costs (a clear-to-send and a
+/// completion per chunk) outweigh the overlap of the ranks' copies. Also the smallest chunk
+/// of the broadcast pair. Measured value: docs/TUNING.md.
+pub static MIN_PIPELINE_CHUNK: Param = Param::new(
+    "CHAIN_MIN_CHUNK",
+    128 << 10,
+    (4 << 10, 1 << 30),
+    Unit::Bytes,
+    "smallest chunk of a chain pipeline (and of the broadcast pair)",
+);
 
 /// The chunk bound of a pipeline: half of the CCL input buffer, whole elements, so that two
 /// chunks fit its [`Window`].
@@ -62,7 +72,7 @@ impl ChunkBound {
         self.sized(
             bytes,
             elem,
-            (bytes / PIPELINE_DEPTH).max(MIN_PIPELINE_CHUNK),
+            (bytes / PIPELINE_DEPTH.get() as usize).max(MIN_PIPELINE_CHUNK.bytes()),
         )
     }
 
@@ -208,11 +218,8 @@ pub fn relay(
     stage: &mut dyn Stage,
 ) -> Result<()> {
     // Slots of the first chunk's size, not the bound's: a message shorter than the bound then
-    // rotates over more slots (see `Window`). 3 ranks, broadcast, 4 alternated pairs, µs out of
-    // place / in place, bound-sized against message-sized slots (session 14, both runs in slow
-    // spells of the host; `PERF_A=old PERF_B=new G=3 python3 benches/scripts/ab_probed.py 4 X=1
-    // X=1 -o broadcast -b 4K -e 256K -f 4 -n 300 -w 50`): 4 KiB 9.0/8.6 → 5.9/6.7, 16 KiB
-    // 19.9/20.1 → 16.7/16.8, 64 and 256 KiB alike; the 2-rank reduce alike.
+    // rotates over more slots (see `Window`) instead of landing on the same lines call after
+    // call.
     let window = Window::new(res, chunks.get(0).1.max(1));
     let post = |res: &mut AlgResourceResponse<'_>, stage: &dyn Stage, c: usize| -> Result<()> {
         let Some(from) = pipe.from else {

@@ -30,16 +30,12 @@ impl<'a> Ring<'a> {
     /// larger than the data would land every call on the same lines (a 128 KiB block in 2 MiB
     /// slots alternates between the buffer's two halves; see [`Window`]). Pieces larger than
     /// half the span would widen the window beyond it, which costs more in the shared cache
-    /// than the fewer steps save: 2 ranks, µs out of place / in place, medians of 5 alternated
-    /// runs (session 11, AMD EPYC; `ampccl-perf -g 2 -o OP -b 4M -e 16M -f 2 -n 40 -w 10`,
-    /// the cap set by a temporary variable), pieces up to the block vs up to 1 MiB: allreduce
-    /// 4 MiB 394/253 vs 302/193, 8 MiB 1182/926 vs 1042/808, 16 MiB 2807/2425 vs 2382/2015;
-    /// allgather 4 MiB 217/120 vs 169/103, 8 MiB 894/362 vs 767/286. Pieces of 512 KiB and
-    /// 256 KiB were slower again (allreduce 4 MiB 308/195 vs 340/217 and 303/191 vs 331/262).
+    /// than the fewer steps save; much smaller pieces pay more steps (docs/TUNING.md,
+    /// `AMPCCL_WINDOW_SPAN`).
     pub fn new(p: &OpParam, res: &AlgResourceResponse<'a>, max_bytes: usize) -> Ring<'a> {
         let e = p.elem();
         let piece_elems = (res.ccl_in_size / 2 / e)
-            .min(max_bytes.min(SPAN / 2) / e)
+            .min(max_bytes.min(SPAN.bytes() / 2) / e)
             .max(1);
         Ring {
             rank: p.rank,

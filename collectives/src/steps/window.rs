@@ -3,9 +3,9 @@
 //! A pipeline that receives piece after piece needs two slots at a time: the piece being
 //! received and the one being consumed. Fixed slots (the two halves of the buffer) make every
 //! piece land on the same few lines, which the receiving core has just read and the sending
-//! core must take back for each write; on AMD Zen 4 a 2-thread producer/consumer copy through
-//! two fixed 128 KiB slots ran at 8.5 GB/s, through slots rotating over 1 MiB at 30–37 GB/s
-//! (session 10, docs/PERFORMANCE.md). So a [`Window`] cuts the buffer into as many slots of
+//! core must take back for each write; a 2-thread producer/consumer copy through two fixed
+//! slots runs at a fraction of the rate it reaches through slots rotating over a wider span
+//! (docs/TUNING.md, `AMPCCL_WINDOW_SPAN`). So a [`Window`] cuts the buffer into as many slots of
 //! the pieces' size as fit and hands them out in turn, and the next call of the communicator
 //! goes on where this one stopped (the cursor), instead of starting again at the first slot.
 //! The slots rotate over at most [`SPAN`] bytes: windows wider than that cost more in the
@@ -19,6 +19,8 @@
 
 use std::cell::Cell;
 
+use ampccl_runtime::param::{Param, Unit};
+
 use crate::resource::{AlgResourceResponse, BufKind, Mem};
 
 /// Slots are placed on cache-line boundaries where two of them still fit.
@@ -26,15 +28,16 @@ const LINE: usize = 64;
 
 /// Bytes of a window that slots rotate over, at most (more where two slots need more). Wider
 /// spans leave more lines of the last calls in the cache for the next one to take back, but
-/// every rank's window competes with the user's buffers for the shared last-level cache. 2 ranks,
-/// 4 MiB buffer, µs out of place / in place, medians of 5 alternated runs (session 11, AMD EPYC;
-/// `ampccl-perf -g 2 -o OP -b 128K -e 8M -f 2`, the span set by a temporary variable), 4 MiB vs
-/// 2 MiB span: allgather 1 MiB 40.2/28.6 vs 38.0/27.0, 2 MiB 80.8/52.3 vs 71.1/46.6;
-/// reduce-scatter 2 MiB 69.5/57.6 vs 60.6/53.8, 4 MiB 192.8/123.3 vs 150.5/108.4, 8 MiB
-/// 480.8/354.6 vs 440.5/276.6; broadcast 4 MiB 266.8/154.6 vs 240.7/157.7; allreduce alike
-/// (within 3 %). A 1 MiB span was slower again from 64 KiB to 256 KiB (allgather 128 KiB
-/// 6.0/4.7 vs 8.7/8.9 µs, 7 runs): too few slots.
-pub const SPAN: usize = 2 << 20;
+/// every rank's window competes with the user's buffers for the shared last-level cache; much
+/// narrower ones hold too few slots of mid-sized pieces. Also caps ring pieces at half of it
+/// ([`crate::steps::ring::Ring::new`]). Measured value: docs/TUNING.md.
+pub static SPAN: Param = Param::new(
+    "WINDOW_SPAN",
+    2 << 20,
+    (64 << 10, 1 << 30),
+    Unit::Bytes,
+    "most bytes of the CCL input buffer that receive slots rotate over",
+);
 
 /// The slots of one call: `count` slots of `stride` bytes from byte `base` of `CclIn`, the
 /// first at the cursor (a position relative to `base`).
@@ -79,7 +82,7 @@ impl<'a> Window<'a> {
             "slot {slot_bytes} of a {size}-byte window"
         );
         let lined = slot_bytes.div_ceil(LINE) * LINE;
-        let size = size.min(SPAN.max(2 * lined));
+        let size = size.min(SPAN.bytes().max(2 * lined));
         let stride = if 2 * lined <= size { lined } else { slot_bytes }.max(1);
         let count = (size / stride).max(1);
         Window {
@@ -164,12 +167,13 @@ mod tests {
     #[test]
     fn slots_rotate_over_at_most_the_span() {
         let cursor = Cell::new(0);
-        let w = Window::over(0, 4 * SPAN, &cursor, SPAN / 4);
+        let span = SPAN.bytes();
+        let w = Window::over(0, 4 * span, &cursor, span / 4);
         let offs: Vec<usize> = (0..5).map(|k| w.slot(k).off).collect();
-        assert_eq!(offs, [0, SPAN / 4, SPAN / 2, 3 * SPAN / 4, 0]);
-        let w = Window::over(0, 4 * SPAN, &cursor, SPAN);
+        assert_eq!(offs, [0, span / 4, span / 2, 3 * span / 4, 0]);
+        let w = Window::over(0, 4 * span, &cursor, span);
         let offs: Vec<usize> = (0..3).map(|k| w.slot(k).off).collect();
-        assert_eq!(offs, [SPAN, 0, SPAN]);
+        assert_eq!(offs, [span, 0, span]);
     }
 
     /// Concurrent streams' parts are disjoint: every slot of part `i` lies inside it.

@@ -224,13 +224,13 @@ fn operator_selection_is_verified() {
 /// (4 ranks × 8196 bytes in 32784) takes fixed offsets, from any cursor.
 #[test]
 fn one_shot_fits_a_buffer_of_exactly_its_inputs() {
-    use crate::algorithms::allreduce_oneshot::ROTATE_MIN;
+    let rotate_min = crate::algorithms::allreduce_oneshot::ROTATE_MIN.bytes();
     let reg = Registry::builtin();
     let entry = reg.list().find(|e| e.name == "AllReduceOneShot").unwrap();
     for in_place in [false, true] {
         let p = OpParam {
             kind: OpKind::AllReduce,
-            count: ROTATE_MIN / 4 + 1,
+            count: rotate_min / 4 + 1,
             dtype: DataType::F32,
             op: ReduceOp::Sum,
             root: 0,
@@ -241,7 +241,7 @@ fn one_shot_fits_a_buffer_of_exactly_its_inputs() {
         };
         for window_cursor in [0, 64, 20000] {
             let cfg = VerifyConfig {
-                ccl_size: 4 * (ROTATE_MIN + 4),
+                ccl_size: 4 * (rotate_min + 4),
                 window_cursor,
                 ..Default::default()
             };

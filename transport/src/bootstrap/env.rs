@@ -10,7 +10,7 @@ use std::time::Duration;
 use ampccl_runtime::{Error, Result};
 
 use super::unique_id::{Token, UniqueId};
-use super::{DEFAULT_TIMEOUT, root, wire};
+use super::{DEFAULT_TIMEOUT, TIMEOUT_MAX_S, root, wire};
 
 fn var(lookup: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<String> {
     lookup(name)
@@ -59,18 +59,23 @@ pub fn timeout_from_env() -> Result<Duration> {
 pub(crate) fn timeout_from(lookup: &dyn Fn(&str) -> Option<String>) -> Result<Duration> {
     match var(lookup, "AMPCCL_TIMEOUT_S") {
         None => Ok(DEFAULT_TIMEOUT),
-        Some(v) => {
-            let s: f64 = parse_num("AMPCCL_TIMEOUT_S", &v)?;
-            Duration::try_from_secs_f64(s)
-                .ok()
-                .filter(|d| !d.is_zero())
-                .ok_or_else(|| {
-                    Error::InvalidArgument(format!(
-                        "environment variable AMPCCL_TIMEOUT_S={v:?} must be positive"
-                    ))
-                })
-        }
+        Some(v) => parse_timeout_s(&v),
     }
+}
+
+/// A value of `AMPCCL_TIMEOUT_S`: seconds in (0, [`TIMEOUT_MAX_S`]], fractional allowed.
+pub fn parse_timeout_s(v: &str) -> Result<Duration> {
+    v.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| *s > 0.0 && *s <= TIMEOUT_MAX_S)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "AMPCCL_TIMEOUT_S={v:?}: expected seconds in (0, {TIMEOUT_MAX_S}]"
+            ))
+        })
 }
 
 /// Root bind address for [`UniqueId::generate`]: `AMPCCL_BOOTSTRAP_ADDR` (an IP or `ip:port`),
@@ -314,6 +319,19 @@ mod tests {
             Duration::from_millis(1500)
         );
         assert_eq!(timeout_from(&env(&[])).unwrap(), DEFAULT_TIMEOUT);
+        for bad in ["1e19", "-1", "nan", "inf", "soon", "1000001"] {
+            let e = timeout_from(&env(&[("AMPCCL_TIMEOUT_S", bad.into())]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("AMPCCL_TIMEOUT_S") && e.contains("(0, 1000000]"),
+                "{e}"
+            );
+        }
+        assert_eq!(
+            timeout_from(&env(&[("AMPCCL_TIMEOUT_S", "1e6".into())])).unwrap(),
+            Duration::from_secs(1_000_000)
+        );
         assert!(bootstrap_addr_from(&env(&[("AMPCCL_BOOTSTRAP_ADDR", "nope".into())])).is_err());
         assert_eq!(
             bootstrap_addr_from(&env(&[("AMPCCL_BOOTSTRAP_ADDR", "::1".into())])).unwrap(),

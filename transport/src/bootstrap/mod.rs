@@ -40,13 +40,16 @@ use std::time::{Duration, Instant};
 
 use ampccl_runtime::{Error, Result};
 
-pub use env::{EnvConfig, Rendezvous, timeout_from_env};
+pub use env::{EnvConfig, Rendezvous, parse_timeout_s, timeout_from_env};
 use link::{KIND_ALLGATHER, KIND_BARRIER, KIND_BROADCAST, KIND_P2P, Key, Link};
 pub use root::RootReport;
 pub use unique_id::{Token, UNIQUE_ID_BYTES, UniqueId};
 
 /// Timeout used when `AMPCCL_TIMEOUT_S` is not set.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+/// Longest `AMPCCL_TIMEOUT_S` accepted, in seconds (about 11.6 days): deadlines are
+/// `Instant::now() + timeout`, which must not overflow.
+pub const TIMEOUT_MAX_S: f64 = 1e6;
 /// Below this size an allgather sends inline; above, from a helper thread (so that two ranks
 /// writing big payloads to each other cannot both block with full socket buffers).
 const INLINE_SEND_BYTES: usize = 16 * 1024;

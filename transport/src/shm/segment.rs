@@ -323,8 +323,8 @@ impl Drop for Segment {
 
 /// Maps `len` bytes of `fd` read/write shared, every page faulted in at once
 /// (`MAP_POPULATE`): a window's first pass otherwise takes a page fault per page in every
-/// process that maps it, which made the first 50 or so 64 KiB broadcasts of a job 8× slower
-/// than the rest (session 10, docs/PERFORMANCE.md).
+/// process that maps it, which made the first few dozen small broadcasts of a job several
+/// times slower than the rest.
 pub(super) fn map(name: &str, fd: &rustix::fd::OwnedFd, len: usize) -> Result<NonNull<u8>> {
     // SAFETY: a fresh mapping at a kernel-chosen address (null hint) cannot overlap any existing
     // Rust object; the fd stays open for the duration of the call.
