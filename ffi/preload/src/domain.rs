@@ -402,9 +402,9 @@ impl CommState {
         }
     }
 
-    /// Sets up this rank's parameter store handle and PCIe path on `device`, and publishes the
-    /// outcome to the domain.
-    pub fn setup(&self, device: i32) {
+    /// Sets up this rank's parameter store handle and PCIe path on `device` (or off, for the
+    /// reason given), and publishes the outcome to the domain.
+    pub fn setup(&self, device: Result<i32, String>) {
         self.domain.seal();
         let mut p = self.lock();
         if !matches!(p.pcie, Pcie::Pending) {
@@ -461,7 +461,7 @@ impl CommState {
         };
     }
 
-    fn try_setup(&self, device: i32) -> Result<PcieRank, String> {
+    fn try_setup(&self, device: Result<i32, String>) -> Result<PcieRank, String> {
         if !settings().pcie {
             return Err("AMPCCL_ENABLE_PCIE=0".into());
         }
@@ -475,6 +475,7 @@ impl CommState {
         if !cuda::available() {
             return Err("no CUDA driver".into());
         }
+        let device = device?;
         let dev = Device::new(device).map_err(|e| e.to_string())?;
         let area = self.domain.area(&dev)?;
         PcieRank::new(area, device, self.rank, self.nranks).map_err(|e| e.to_string())

@@ -6,8 +6,9 @@
 //! destruction (to know domains, ranks and devices), groups (to defer joins), the five
 //! collectives, and `ncclCommGetAsyncError` (to report a failed PCIe part) — and leaves every
 //! other symbol to the real `libnccl.so.2` ([`real`]). Nothing runs at load time; the first
-//! intercepted call reads the settings ([`config`]) and finds NCCL. `AMPCCL_ENABLE=0` makes
-//! every hook a plain jump to NCCL.
+//! intercepted call reads the settings ([`config`]) and finds NCCL, each function on its own:
+//! one an older NCCL lacks fails only its own hook (`ncclSystemError`) and what needs it.
+//! `AMPCCL_ENABLE=0` makes every hook a plain jump to NCCL.
 //!
 //! - [`guard`]: re-entry guard, group depth, deferred work, panic boundary;
 //! - [`domain`]: domains (per unique id; host identity by arrival) and communicators;
@@ -27,15 +28,15 @@ use std::ffi::{c_int, c_void};
 
 use guard::{Deferred, boundary, call_real};
 use nccl::{Comm, NcclResult, Stream, UniqueId};
-use real::{Real, real};
+use real::{Missing, Real, real};
 use split::Call;
 
-/// Runs `f` with the real NCCL, or fails when there is none.
-fn with_real(name: &str, f: impl FnOnce(&'static Real) -> NcclResult) -> NcclResult {
-    boundary(name, || match real() {
-        Some(r) => f(r),
-        None => nccl::SYSTEM_ERROR,
-    })
+/// Runs `f` with the real NCCL; a function `f` needs that NCCL lacks fails the call.
+fn with_real(
+    name: &str,
+    f: impl FnOnce(&'static Real) -> Result<NcclResult, Missing>,
+) -> NcclResult {
+    boundary(name, || f(real()).unwrap_or_else(Missing::result))
 }
 
 /// Whether a hook should only pass the call on.
@@ -79,25 +80,29 @@ fn arrive_by_id(id: &UniqueId, nranks: c_int) -> Option<std::sync::Arc<domain::D
         .ok()
 }
 
-/// The body of the `ncclCommInitRank*` hooks: arrive in the domain of `id` (when there is
-/// one), run NCCL's `init`, register the communicator NCCL wrote to `comm`.
-fn init_rank(
+/// The body of the `ncclCommInitRank*` hooks: find NCCL's function (`entry`), arrive in the
+/// domain of `id` (when there is one), run it (`init`), register the communicator NCCL wrote
+/// to `comm`.
+fn init_rank<F>(
     name: &str,
     comm: *mut Comm,
     (nranks, rank): (c_int, c_int),
     id: Option<&UniqueId>,
-    init: impl Fn(&Real) -> NcclResult,
+    entry: impl FnOnce(&Real) -> Result<F, Missing>,
+    init: impl FnOnce(F) -> NcclResult,
 ) -> NcclResult {
     with_real(name, |real| {
+        // Found first: a call that cannot reach NCCL must not count as an arrival.
+        let f = entry(real)?;
         let Some(id) = id.filter(|_| !passthrough() && !comm.is_null()) else {
-            return call_real(|| init(real));
+            return Ok(call_real(|| init(f)));
         };
         let domain = arrive_by_id(id, nranks);
-        let r = call_real(|| init(real));
+        let r = call_real(|| init(f));
         // SAFETY: `comm` is the non-null out-parameter NCCL has written (or left) on return.
         let made_comm = unsafe { *comm };
         made(real, r, made_comm, domain, rank as usize, nranks as usize);
-        r
+        Ok(r)
     })
 }
 
@@ -116,7 +121,8 @@ pub unsafe extern "C" fn ncclCommInitRank(
         comm,
         (nranks, rank),
         Some(&id),
-        |real| unsafe { (real.init_rank)(comm, nranks, id, rank) },
+        Real::init_rank,
+        |f| unsafe { f(comm, nranks, id, rank) },
     )
 }
 
@@ -136,7 +142,8 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
         comm,
         (nranks, rank),
         Some(&id),
-        |real| unsafe { (real.init_rank_config)(comm, nranks, id, rank, config) },
+        Real::init_rank_config,
+        |f| unsafe { f(comm, nranks, id, rank, config) },
     )
 }
 
@@ -158,11 +165,9 @@ pub unsafe extern "C" fn ncclCommInitRankScalable(
         comm,
         (nranks, rank),
         id,
-        |real| match real.init_rank_scalable {
-            // SAFETY: the application's arguments, unchanged.
-            Some(f) => unsafe { f(comm, nranks, rank, n_id, ids, config) },
-            None => nccl::SYSTEM_ERROR,
-        },
+        Real::init_rank_scalable,
+        // SAFETY: the application's arguments, unchanged.
+        |f| unsafe { f(comm, nranks, rank, n_id, ids, config) },
     )
 }
 
@@ -175,13 +180,14 @@ pub unsafe extern "C" fn ncclCommInitAll(
     devlist: *const c_int,
 ) -> NcclResult {
     with_real("ncclCommInitAll", |real| {
+        let init_all = real.init_all()?;
         // SAFETY: the application's arguments, unchanged.
-        let r = call_real(|| unsafe { (real.init_all)(comms, ndev, devlist) });
+        let r = call_real(|| unsafe { init_all(comms, ndev, devlist) });
         let Ok(n) = usize::try_from(ndev) else {
-            return r;
+            return Ok(r);
         };
         if passthrough() || r != nccl::SUCCESS || comms.is_null() || n == 0 {
-            return r;
+            return Ok(r);
         }
         let _ = config::settings();
         // One process holds every rank: a private domain under a key no other process has.
@@ -189,14 +195,14 @@ pub unsafe extern "C" fn ncclCommInitAll(
         let Ok(domain) = domain::arrive(key, n, n, true).inspect_err(|e| {
             tracing::info!("ampccl: no domain for ncclCommInitAll, fast-only: {e}")
         }) else {
-            return r;
+            return Ok(r);
         };
         for i in 0..n {
             // SAFETY: NCCL filled `ndev` communicators.
             let comm = unsafe { *comms.add(i) };
             made(real, r, comm, Some(domain.clone()), i, n);
         }
-        r
+        Ok(r)
     })
 }
 
@@ -211,14 +217,18 @@ pub unsafe extern "C" fn ncclCommSplit(
     config: *mut c_void,
 ) -> NcclResult {
     with_real("ncclCommSplit", |real| {
+        // Found first: a split that cannot reach NCCL takes no sequence number.
+        let split = real.split()?;
         // SAFETY: the application's arguments, unchanged.
-        let call = || call_real(|| unsafe { (real.split)(comm, color, key, newcomm, config) });
+        let call = || call_real(|| unsafe { split(comm, color, key, newcomm, config) });
         let parent = if passthrough() || newcomm.is_null() {
             None
         } else {
             domain::lookup(comm)
         };
-        let Some(parent) = parent else { return call() };
+        let Some(parent) = parent else {
+            return Ok(call());
+        };
         // Every rank of the parent splits in the same order: the sequence number, the parent's
         // key and the color name the child domain identically on its ranks.
         let seq = parent
@@ -236,18 +246,22 @@ pub unsafe extern "C" fn ncclCommSplit(
         // SAFETY: `newcomm` is a valid out-parameter.
         let child = unsafe { *newcomm };
         if child.is_null() || !(r == nccl::SUCCESS || r == nccl::IN_PROGRESS) {
-            return r;
+            return Ok(r);
         }
         let (mut rank, mut n) = (-1, 0);
-        // SAFETY: `child` is a communicator NCCL made; out-parameters are valid.
-        let ok = call_real(|| unsafe {
-            (real.user_rank)(child, &mut rank) == nccl::SUCCESS
-                && (real.count)(child, &mut n) == nccl::SUCCESS
-        });
+        // Without them the child stays unregistered (fast-only).
+        let ok = match (real.user_rank(), real.count()) {
+            // SAFETY: `child` is a communicator NCCL made; out-parameters are valid.
+            (Ok(user_rank), Ok(count)) => call_real(|| unsafe {
+                user_rank(child, &mut rank) == nccl::SUCCESS
+                    && count(child, &mut n) == nccl::SUCCESS
+            }),
+            _ => false,
+        };
         if ok && rank >= 0 && n > 0 {
             made(real, r, child, domain, rank as usize, n as usize);
         }
-        r
+        Ok(r)
     })
 }
 
@@ -256,6 +270,8 @@ pub unsafe extern "C" fn ncclCommSplit(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommDestroy(comm: Comm) -> NcclResult {
     with_real("ncclCommDestroy", |real| {
+        // Found first: a communicator NCCL cannot destroy keeps its state.
+        let destroy = real.destroy()?;
         if !passthrough()
             && let Some(st) = domain::unregister(comm)
         {
@@ -264,7 +280,7 @@ pub unsafe extern "C" fn ncclCommDestroy(comm: Comm) -> NcclResult {
             drop(st);
         }
         // SAFETY: the application's argument, unchanged.
-        call_real(|| unsafe { (real.destroy)(comm) })
+        Ok(call_real(|| unsafe { destroy(comm) }))
     })
 }
 
@@ -273,6 +289,7 @@ pub unsafe extern "C" fn ncclCommDestroy(comm: Comm) -> NcclResult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommAbort(comm: Comm) -> NcclResult {
     with_real("ncclCommAbort", |real| {
+        let abort = real.abort()?;
         if !passthrough()
             && let Some(st) = domain::unregister(comm)
         {
@@ -283,7 +300,7 @@ pub unsafe extern "C" fn ncclCommAbort(comm: Comm) -> NcclResult {
             std::mem::forget(st);
         }
         // SAFETY: the application's argument, unchanged.
-        call_real(|| unsafe { (real.abort)(comm) })
+        Ok(call_real(|| unsafe { abort(comm) }))
     })
 }
 
@@ -300,10 +317,11 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
     async_error: *mut NcclResult,
 ) -> NcclResult {
     with_real("ncclCommGetAsyncError", |real| {
+        let get = real.async_error()?;
         // SAFETY: the application's arguments, unchanged.
-        let r = call_real(|| unsafe { (real.async_error)(comm, async_error) });
+        let r = call_real(|| unsafe { get(comm, async_error) });
         if r != nccl::SUCCESS || async_error.is_null() || passthrough() {
-            return r;
+            return Ok(r);
         }
         // SAFETY: NCCL wrote the out-parameter, which the application provided.
         let slot = unsafe { &mut *async_error };
@@ -317,7 +335,7 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
                 nccl::REMOTE_ERROR
             };
         }
-        r
+        Ok(r)
     })
 }
 
@@ -326,11 +344,13 @@ pub unsafe extern "C" fn ncclCommGetAsyncError(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclGroupStart() -> NcclResult {
     with_real("ncclGroupStart", |real| {
+        // Found first: a group NCCL cannot open is not counted.
+        let start = real.group_start()?;
         if !passthrough() {
             guard::group_enter();
         }
         // SAFETY: no arguments.
-        call_real(|| unsafe { (real.group_start)() })
+        Ok(call_real(|| unsafe { start() }))
     })
 }
 
@@ -339,10 +359,11 @@ pub unsafe extern "C" fn ncclGroupStart() -> NcclResult {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclGroupEnd() -> NcclResult {
     with_real("ncclGroupEnd", |real| {
+        let end = real.group_end()?;
         // SAFETY: no arguments.
-        let mut r = call_real(|| unsafe { (real.group_end)() });
+        let mut r = call_real(|| unsafe { end() });
         if passthrough() {
-            return r;
+            return Ok(r);
         }
         for work in guard::group_leave() {
             match work {
@@ -360,13 +381,15 @@ pub unsafe extern "C" fn ncclGroupEnd() -> NcclResult {
                 }
             }
         }
-        r
+        Ok(r)
     })
 }
 
 /// Runs a collective hook.
 fn collective(name: &str, call: Call, comm: Comm, stream: Stream) -> NcclResult {
     with_real(name, |real| {
+        // Found first: a call NCCL cannot take takes no index of the split sequence.
+        call.entry(real)?;
         if passthrough() {
             // SAFETY: the application's arguments, unchanged.
             return unsafe { call.full(real, comm, stream) };

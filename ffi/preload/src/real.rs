@@ -1,58 +1,163 @@
-//! The real NCCL: its functions, found once, at the first call that needs them.
+//! The real NCCL: each of its functions found on its own, at the first call that needs it.
 //!
 //! Lookup order: `dlsym(RTLD_NEXT, name)` (NCCL in the global scope: linked by the program, or
 //! loaded `RTLD_GLOBAL`); else the already loaded `libnccl.so.2` (`dlopen(RTLD_NOLOAD)`; Python
 //! loads it `RTLD_LOCAL` as a dependency of `libtorch_cuda.so`), preferring its strong
 //! `pnccl*` aliases; else `$AMPCCL_NCCL_LIBRARY` or `libnccl.so.2` loaded now, locally. A
 //! symbol found that is our own (the interposer itself) is never used.
+//!
+//! An older or partial NCCL lacks some functions (`ncclCommAbort` and `ncclCommGetAsyncError`
+//! came with 2.4, `ncclSend`/`ncclRecv` with 2.7, `ncclCommInitRankConfig` with 2.14,
+//! `ncclCommSplit` with 2.18, `ncclCommInitRankScalable` with 2.23). A function it lacks is
+//! [`Missing`], logged once by name, and only what needs it fails: the hook of that name
+//! answers [`Missing::result`] (`ncclSystemError`, what NCCL itself answers when a function it
+//! loads with `dlsym` is absent), and the PCIe path stays off where it needs it (see
+//! `split::setup` and `Call::split_needs`). Every function the library does export passes
+//! through, `AMPCCL_ENABLE=0` or not.
 
 use std::ffi::{CString, c_void};
 use std::sync::OnceLock;
 
-use crate::nccl;
+use crate::nccl::{self, NcclResult};
 
-/// The NCCL functions the interposer wraps or calls.
-pub struct Real {
-    pub init_rank: nccl::InitRank,
-    pub init_rank_config: nccl::InitRankConfig,
-    pub init_rank_scalable: Option<nccl::InitRankScalable>,
-    pub init_all: nccl::InitAll,
-    pub split: nccl::Split,
-    pub destroy: nccl::CommFn,
-    pub abort: nccl::CommFn,
-    pub async_error: nccl::AsyncError,
-    pub cu_device: nccl::CommInt,
-    pub user_rank: nccl::CommInt,
-    pub count: nccl::CommInt,
-    pub group_start: nccl::GroupFn,
-    pub group_end: nccl::GroupFn,
-    pub all_reduce: nccl::AllReduce,
-    pub all_gather: nccl::Gather,
-    pub reduce_scatter: nccl::AllReduce,
-    pub broadcast: nccl::Broadcast,
-    pub reduce: nccl::Reduce,
-    pub send: nccl::Send,
-    pub recv: nccl::Recv,
+/// A function the real NCCL does not export (its name). Logged when first looked up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Missing(pub &'static str);
+
+impl Missing {
+    /// What a hook answers when the real function it forwards to is missing.
+    pub fn result(self) -> NcclResult {
+        nccl::SYSTEM_ERROR
+    }
 }
 
-/// The real functions, or `None` when no NCCL can be found (every wrapped call then fails
-/// with `ncclSystemError` and a log line).
-pub fn real() -> Option<&'static Real> {
-    static REAL: OnceLock<Option<Real>> = OnceLock::new();
-    REAL.get_or_init(|| {
-        let r = Lookup::new().real();
-        if r.is_none() {
-            tracing::error!("ampccl preload: the real NCCL (libnccl.so.2) cannot be found; set AMPCCL_NCCL_LIBRARY");
+/// Finds a function by name (an address, never one of this library).
+type Finder = Box<dyn Fn(&str) -> Option<usize> + Send + Sync>;
+
+macro_rules! entry_points {
+    ($($field:ident: $ty:ty = $name:literal,)*) => {
+        /// The NCCL functions the interposer wraps or calls, each looked up on its own at its
+        /// first use (a missing one fails only its own callers).
+        pub struct Real {
+            find: Finder,
+            /// Whether any NCCL was found at all (for the log line of a missing function).
+            found: bool,
+            $($field: OnceLock<Option<usize>>,)*
         }
-        r
+
+        impl Real {
+            fn new(find: Finder, found: bool) -> Real {
+                Real { find, found, $($field: OnceLock::new(),)* }
+            }
+
+            $(
+                #[doc = concat!("`", $name, "`, unless this NCCL lacks it.")]
+                pub fn $field(&self) -> Result<$ty, Missing> {
+                    let p = self.resolve(&self.$field, $name)?;
+                    // SAFETY: NCCL exports `$name` with signature `$ty` (the types in
+                    // `nccl.rs` follow nccl.h); `p` is the address of that function.
+                    Ok(unsafe { std::mem::transmute::<*mut c_void, $ty>(p as *mut c_void) })
+                }
+            )*
+        }
+    };
+}
+
+entry_points! {
+    init_rank: nccl::InitRank = "ncclCommInitRank",
+    init_rank_config: nccl::InitRankConfig = "ncclCommInitRankConfig",
+    init_rank_scalable: nccl::InitRankScalable = "ncclCommInitRankScalable",
+    init_all: nccl::InitAll = "ncclCommInitAll",
+    split: nccl::Split = "ncclCommSplit",
+    destroy: nccl::CommFn = "ncclCommDestroy",
+    abort: nccl::CommFn = "ncclCommAbort",
+    async_error: nccl::AsyncError = "ncclCommGetAsyncError",
+    cu_device: nccl::CommInt = "ncclCommCuDevice",
+    user_rank: nccl::CommInt = "ncclCommUserRank",
+    count: nccl::CommInt = "ncclCommCount",
+    group_start: nccl::GroupFn = "ncclGroupStart",
+    group_end: nccl::GroupFn = "ncclGroupEnd",
+    all_reduce: nccl::AllReduce = "ncclAllReduce",
+    all_gather: nccl::Gather = "ncclAllGather",
+    reduce_scatter: nccl::AllReduce = "ncclReduceScatter",
+    broadcast: nccl::Broadcast = "ncclBroadcast",
+    reduce: nccl::Reduce = "ncclReduce",
+    send: nccl::Send = "ncclSend",
+    recv: nccl::Recv = "ncclRecv",
+}
+
+impl Real {
+    /// The address of `name`, looked up once; a missing one is logged (once, here).
+    fn resolve(
+        &self,
+        slot: &OnceLock<Option<usize>>,
+        name: &'static str,
+    ) -> Result<usize, Missing> {
+        slot.get_or_init(|| {
+            let p = (self.find)(name);
+            if p.is_none() {
+                log_missing(name, self.found);
+            }
+            p
+        })
+        .ok_or(Missing(name))
+    }
+
+    /// A table whose functions are those of `present` (each a function that must never be
+    /// called), for tests of what a missing function turns off.
+    #[cfg(test)]
+    pub fn with_only(present: &'static [&'static str]) -> Real {
+        extern "C" fn never() {
+            unreachable!("a stand-in entry point was called");
+        }
+        let find = move |name: &str| {
+            present
+                .contains(&name)
+                .then_some(never as *const () as usize)
+        };
+        Real::new(Box::new(find), true)
+    }
+}
+
+fn log_missing(name: &str, found: bool) {
+    // Logged whatever the settings (`AMPCCL_ENABLE=0` never reads them).
+    ampccl_runtime::log::init_logging();
+    if found {
+        tracing::warn!(
+            "ampccl preload: the real NCCL does not export {name} (an older or partial \
+             release): a call of it through the interposer fails with ncclSystemError, and \
+             the PCIe path stays off where it needs it"
+        );
+    } else {
+        tracing::error!(
+            "ampccl preload: the real NCCL (libnccl.so.2) cannot be found, so neither can \
+             {name} (it fails with ncclSystemError); set AMPCCL_NCCL_LIBRARY"
+        );
+    }
+}
+
+/// The real functions (the library is looked for at the first call).
+pub fn real() -> &'static Real {
+    static REAL: OnceLock<Real> = OnceLock::new();
+    REAL.get_or_init(|| {
+        let lookup = Lookup::new();
+        let found = lookup.find("ncclGetUniqueId").is_some();
+        Real::new(
+            Box::new(move |name| lookup.find(name).map(|p| p as usize)),
+            found,
+        )
     })
-    .as_ref()
 }
 
 struct Lookup {
     handle: *mut c_void,
     own: usize,
 }
+
+// SAFETY: the handle is only passed to `dlsym`, which is thread-safe, and never closed.
+unsafe impl Send for Lookup {}
+// SAFETY: as above.
+unsafe impl Sync for Lookup {}
 
 impl Lookup {
     fn new() -> Lookup {
@@ -96,43 +201,6 @@ impl Lookup {
     fn is_own(&self, p: *mut c_void) -> bool {
         object_base(p) == Some(self.own)
     }
-
-    fn real(&self) -> Option<Real> {
-        macro_rules! sym {
-            ($name:literal, $ty:ty) => {{
-                let p = self.find($name)?;
-                // SAFETY: NCCL exports `$name` with signature `$ty` (the types in `nccl.rs`
-                // follow nccl.h).
-                unsafe { std::mem::transmute::<*mut c_void, $ty>(p) }
-            }};
-        }
-        let init_rank_scalable = self.find("ncclCommInitRankScalable").map(|p| {
-            // SAFETY: as in `sym!`.
-            unsafe { std::mem::transmute::<*mut c_void, nccl::InitRankScalable>(p) }
-        });
-        Some(Real {
-            init_rank: sym!("ncclCommInitRank", nccl::InitRank),
-            init_rank_config: sym!("ncclCommInitRankConfig", nccl::InitRankConfig),
-            init_rank_scalable,
-            init_all: sym!("ncclCommInitAll", nccl::InitAll),
-            split: sym!("ncclCommSplit", nccl::Split),
-            destroy: sym!("ncclCommDestroy", nccl::CommFn),
-            abort: sym!("ncclCommAbort", nccl::CommFn),
-            async_error: sym!("ncclCommGetAsyncError", nccl::AsyncError),
-            cu_device: sym!("ncclCommCuDevice", nccl::CommInt),
-            user_rank: sym!("ncclCommUserRank", nccl::CommInt),
-            count: sym!("ncclCommCount", nccl::CommInt),
-            group_start: sym!("ncclGroupStart", nccl::GroupFn),
-            group_end: sym!("ncclGroupEnd", nccl::GroupFn),
-            all_reduce: sym!("ncclAllReduce", nccl::AllReduce),
-            all_gather: sym!("ncclAllGather", nccl::Gather),
-            reduce_scatter: sym!("ncclReduceScatter", nccl::AllReduce),
-            broadcast: sym!("ncclBroadcast", nccl::Broadcast),
-            reduce: sym!("ncclReduce", nccl::Reduce),
-            send: sym!("ncclSend", nccl::Send),
-            recv: sym!("ncclRecv", nccl::Recv),
-        })
-    }
 }
 
 /// Base address of the shared object containing `p`.
@@ -149,4 +217,20 @@ fn object_base(p: *const c_void) -> Option<usize> {
 /// Base address of this library.
 fn own_base() -> usize {
     object_base(own_base as *const c_void).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_function_is_found_or_missing_on_its_own() {
+        let real = Real::with_only(&["ncclAllReduce", "ncclGroupStart"]);
+        assert!(real.all_reduce().is_ok() && real.group_start().is_ok());
+        assert_eq!(real.split().err(), Some(Missing("ncclCommSplit")));
+        assert_eq!(real.split().err(), Some(Missing("ncclCommSplit")), "cached");
+        assert_eq!(real.send().err(), Some(Missing("ncclSend")));
+        assert!(real.all_reduce().is_ok(), "a missing one breaks no other");
+        assert_eq!(Missing("ncclCommSplit").result(), nccl::SYSTEM_ERROR);
+    }
 }

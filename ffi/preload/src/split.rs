@@ -26,7 +26,7 @@ use ampccl_multipath::store::Decision;
 use crate::domain::{self, CommState, Paths, Pcie};
 use crate::guard::{self, Deferred, call_real};
 use crate::nccl::{self, NcclResult};
-use crate::real::Real;
+use crate::real::{Missing, Real};
 
 /// A collective call as NCCL received it.
 #[derive(Clone, Copy, Debug)]
@@ -69,31 +69,68 @@ pub enum Call {
 }
 
 impl Call {
+    /// NCCL's function for the call, unless this NCCL lacks it.
+    pub fn entry(&self, real: &Real) -> Result<(), Missing> {
+        match self {
+            Call::AllReduce { .. } => real.all_reduce().map(drop),
+            Call::AllGather { .. } => real.all_gather().map(drop),
+            Call::ReduceScatter { .. } => real.reduce_scatter().map(drop),
+            Call::Broadcast { .. } => real.broadcast().map(drop),
+            Call::Reduce { .. } => real.reduce().map(drop),
+        }
+    }
+
+    /// What NCCL's part of a split call needs besides the call's own function ([`Call::part`]):
+    /// allgather's is grouped sends and receives, reduce-scatter's grouped reduces. Without
+    /// them the call is never split (this rank proposes NCCL alone).
+    pub fn split_needs(&self, real: &Real) -> Result<(), Missing> {
+        self.entry(real)?;
+        match self {
+            Call::AllGather { .. } => {
+                real.group_start()?;
+                real.group_end()?;
+                real.send()?;
+                real.recv().map(drop)
+            }
+            Call::ReduceScatter { .. } => {
+                real.group_start()?;
+                real.group_end()?;
+                real.reduce().map(drop)
+            }
+            Call::AllReduce { .. } | Call::Broadcast { .. } | Call::Reduce { .. } => Ok(()),
+        }
+    }
+
     /// The whole call, to NCCL alone.
     ///
     /// # Safety
     /// The arguments are the application's, passed on unchanged.
-    pub unsafe fn full(&self, real: &Real, comm: nccl::Comm, stream: nccl::Stream) -> NcclResult {
+    pub unsafe fn full(
+        &self,
+        real: &Real,
+        comm: nccl::Comm,
+        stream: nccl::Stream,
+    ) -> Result<NcclResult, Missing> {
         // SAFETY: the application's own arguments, unchanged.
         call_real(|| unsafe {
-            match *self {
+            Ok(match *self {
                 Call::AllGather {
                     send,
                     recv,
                     count,
                     dt,
-                } => (real.all_gather)(send, recv, count, dt, comm, stream),
+                } => real.all_gather()?(send, recv, count, dt, comm, stream),
                 Call::ReduceScatter {
                     send,
                     recv,
                     count,
                     dt,
                     op,
-                } => (real.reduce_scatter)(send, recv, count, dt, op, comm, stream),
+                } => real.reduce_scatter()?(send, recv, count, dt, op, comm, stream),
                 Call::AllReduce { count, .. }
                 | Call::Broadcast { count, .. }
-                | Call::Reduce { count, .. } => self.span(real, (0, count), comm, stream),
-            }
+                | Call::Reduce { count, .. } => self.span(real, (0, count), comm, stream)?,
+            })
         })
     }
 
@@ -109,24 +146,24 @@ impl Call {
         (off, n): (usize, usize),
         comm: nccl::Comm,
         stream: nccl::Stream,
-    ) -> NcclResult {
+    ) -> Result<NcclResult, Missing> {
         // Offsets wrap instead of asserting an allocation: NCCL ignores the buffers a rank does
         // not use (a non-root's receive buffer of a reduce, which may be null).
         let send_at = |p: *const c_void| p.cast::<u8>().wrapping_add(off).cast::<c_void>();
         let recv_at = |p: *mut c_void| p.cast::<u8>().wrapping_add(off).cast::<c_void>();
         // SAFETY: the application's arguments, narrowed to a span inside its buffers.
         unsafe {
-            match *self {
+            Ok(match *self {
                 Call::AllReduce {
                     send, recv, dt, op, ..
-                } => (real.all_reduce)(send_at(send), recv_at(recv), n, dt, op, comm, stream),
+                } => real.all_reduce()?(send_at(send), recv_at(recv), n, dt, op, comm, stream),
                 Call::Broadcast {
                     send,
                     recv,
                     dt,
                     root,
                     ..
-                } => (real.broadcast)(send_at(send), recv_at(recv), n, dt, root, comm, stream),
+                } => real.broadcast()?(send_at(send), recv_at(recv), n, dt, root, comm, stream),
                 Call::Reduce {
                     send,
                     recv,
@@ -134,9 +171,9 @@ impl Call {
                     op,
                     root,
                     ..
-                } => (real.reduce)(send_at(send), recv_at(recv), n, dt, op, root, comm, stream),
+                } => real.reduce()?(send_at(send), recv_at(recv), n, dt, op, root, comm, stream),
                 Call::AllGather { .. } | Call::ReduceScatter { .. } => nccl::INTERNAL_ERROR,
-            }
+            })
         }
     }
 
@@ -255,7 +292,7 @@ impl Call {
         st: &CommState,
         (start, len, es): (usize, usize, usize),
         (comm, stream): (nccl::Comm, nccl::Stream),
-    ) -> NcclResult {
+    ) -> Result<NcclResult, Missing> {
         let n = st.nranks;
         let off = start * es;
         // SAFETY: the spans lie inside the application's buffers.
@@ -282,19 +319,13 @@ impl Call {
                     });
                     if let Err(e) = own {
                         tracing::error!("ampccl: allgather local copy: {e}");
-                        return nccl::INTERNAL_ERROR;
+                        return Ok(nccl::INTERNAL_ERROR);
                     }
+                    let (send, recv) = (real.send()?, real.recv()?);
                     grouped(real, |first_error| {
                         for p in (0..n).filter(|&p| p != st.rank) {
-                            first_error((real.send)(mine, len, dt, p as c_int, comm, stream));
-                            first_error((real.recv)(
-                                block(p).cast(),
-                                len,
-                                dt,
-                                p as c_int,
-                                comm,
-                                stream,
-                            ));
+                            first_error(send(mine, len, dt, p as c_int, comm, stream));
+                            first_error(recv(block(p).cast(), len, dt, p as c_int, comm, stream));
                         }
                     })
                 }
@@ -304,26 +335,31 @@ impl Call {
                     count,
                     dt,
                     op,
-                } => grouped(real, |first_error| {
-                    let dst = recv.cast::<u8>().add(off).cast::<c_void>();
-                    for r in 0..n {
-                        let src = send.cast::<u8>().add(r * count * es + off).cast::<c_void>();
-                        first_error((real.reduce)(
-                            src, dst, len, dt, op, r as c_int, comm, stream,
-                        ));
-                    }
-                }),
+                } => {
+                    let reduce = real.reduce()?;
+                    grouped(real, |first_error| {
+                        let dst = recv.cast::<u8>().add(off).cast::<c_void>();
+                        for r in 0..n {
+                            let src = send.cast::<u8>().add(r * count * es + off).cast::<c_void>();
+                            first_error(reduce(src, dst, len, dt, op, r as c_int, comm, stream));
+                        }
+                    })
+                }
             }
         })
     }
 }
 
 /// Runs the NCCL calls `body` makes inside one group; the first failure wins.
-unsafe fn grouped(real: &Real, body: impl FnOnce(&mut dyn FnMut(NcclResult))) -> NcclResult {
+unsafe fn grouped(
+    real: &Real,
+    body: impl FnOnce(&mut dyn FnMut(NcclResult)),
+) -> Result<NcclResult, Missing> {
+    let (start, end) = (real.group_start()?, real.group_end()?);
     // SAFETY: plain NCCL group calls around the application's operations.
-    let mut r = unsafe { (real.group_start)() };
+    let mut r = unsafe { start() };
     if r != nccl::SUCCESS {
-        return r;
+        return Ok(r);
     }
     body(&mut |x| {
         if r == nccl::SUCCESS {
@@ -331,8 +367,8 @@ unsafe fn grouped(real: &Real, body: impl FnOnce(&mut dyn FnMut(NcclResult))) ->
         }
     });
     // SAFETY: closes the group opened above.
-    let end = unsafe { (real.group_end)() };
-    if r == nccl::SUCCESS { end } else { r }
+    let end = unsafe { end() };
+    Ok(if r == nccl::SUCCESS { end } else { r })
 }
 
 /// Runs `call` on `comm`, split when the domain's decision for it says so.
@@ -344,7 +380,12 @@ unsafe fn grouped(real: &Real, body: impl FnOnce(&mut dyn FnMut(NcclResult))) ->
 ///
 /// # Safety
 /// The arguments are the application's, as NCCL would get them.
-pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Stream) -> NcclResult {
+pub unsafe fn run(
+    real: &Real,
+    call: Call,
+    comm: nccl::Comm,
+    stream: nccl::Stream,
+) -> Result<NcclResult, Missing> {
     // SAFETY: forwarded from the caller.
     let full = || unsafe { call.full(real, comm, stream) };
     let Some(st) = domain::lookup(comm) else {
@@ -372,7 +413,9 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
     let key = OpKey::new(call.mp_op(), bytes as u64, dtype);
     let fingerprint = Decision::fingerprint(call.mp_op(), dtype, block as u64);
     let user = StreamRef::from_raw(stream);
-    let usable = st.can_split(&mut p.pcie)
+    // A split whose NCCL part this NCCL cannot express is never proposed.
+    let usable = call.split_needs(real).is_ok()
+        && st.can_split(&mut p.pcie)
         && match &p.pcie {
             Pcie::Ready { rank, .. } => matches!(rank.capturing(user), Ok(false)),
             _ => false,
@@ -476,14 +519,14 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
             );
             // The user's stream still waits for what was enqueued (it writes the output), and
             // for the release after it.
-            return match join_now_or_later(&p.pcie, comm, stream) {
-                nccl::SUCCESS => r,
+            return Ok(match join_now_or_later(&p.pcie, comm, stream) {
+                nccl::SUCCESS => r?,
                 e => e,
-            };
+            });
         }
-        r
+        r?
     } else {
-        full()
+        full()?
     };
     if let Some(t) = timed {
         let _ = rank.time_fast_end(t, user);
@@ -495,12 +538,12 @@ pub unsafe fn run(real: &Real, call: Call, comm: nccl::Comm, stream: nccl::Strea
     }
     absorb(p, st.rank, &done);
     if !split.uses_pcie() {
-        return r;
+        return Ok(r);
     }
-    match join_now_or_later(&p.pcie, comm, stream) {
+    Ok(match join_now_or_later(&p.pcie, comm, stream) {
         nccl::SUCCESS => r,
         e => e,
-    }
+    })
 }
 
 /// Makes `stream` wait for the PCIe part's side streams, at once or, inside a group, at its
@@ -585,19 +628,27 @@ fn absorb(p: &mut Paths, rank: usize, done: &[ampccl_multipath::pcie::CallTiming
     }
 }
 
-/// Sets up `comm`'s PCIe path (NCCL must have finished making it).
+/// Sets up `comm`'s PCIe path (NCCL must have finished making it). The path needs
+/// `ncclCommCuDevice` (its device) and `ncclCommGetAsyncError` (through which a failed PCIe
+/// part is reported): without either it stays off.
 ///
 /// # Safety
 /// `comm` must be a communicator NCCL made.
 pub unsafe fn setup(real: &Real, comm: nccl::Comm, st: &CommState) {
+    st.setup(device(real, comm));
+}
+
+/// The CUDA device of `comm`, or why the PCIe path cannot have one.
+fn device(real: &Real, comm: nccl::Comm) -> Result<c_int, String> {
+    let lacks = |Missing(name)| format!("the real NCCL lacks {name}");
+    real.async_error().map_err(lacks)?;
+    let cu_device = real.cu_device().map_err(lacks)?;
     let mut dev: c_int = -1;
     // SAFETY: `comm` is a communicator NCCL made; `dev` is a valid out-parameter.
-    let r = call_real(|| unsafe { (real.cu_device)(comm, &mut dev) });
-    if r != nccl::SUCCESS {
-        tracing::info!("ampccl: ncclCommCuDevice failed ({r}); communicator stays fast-only");
-        dev = -1;
+    match call_real(|| unsafe { cu_device(comm, &mut dev) }) {
+        nccl::SUCCESS => Ok(dev),
+        r => Err(format!("ncclCommCuDevice failed ({r})")),
     }
-    st.setup(dev);
 }
 
 /// Applies deferred joins for `comm`.
@@ -631,5 +682,66 @@ mod tests {
         assert!((prior(&ar, 4, init).effective_alpha() - (1.0 - 0.1 * 4.0 / 6.0)).abs() < 1e-6);
         assert!((prior(&rs, 4, init).effective_alpha() - (1.0 - 0.1 / 3.0)).abs() < 1e-6);
         assert!((prior(&ag, 4, init).effective_alpha() - 0.9).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_missing_function_keeps_off_only_the_splits_that_need_it() {
+        let (send, recv, count, dt, op) = (std::ptr::null(), std::ptr::null_mut(), 1, 7, 0);
+        let all_reduce = Call::AllReduce {
+            send,
+            recv,
+            count,
+            dt,
+            op,
+        };
+        let all_gather = Call::AllGather {
+            send,
+            recv,
+            count,
+            dt,
+        };
+        let reduce_scatter = Call::ReduceScatter {
+            send,
+            recv,
+            count,
+            dt,
+            op,
+        };
+        // NCCL before 2.7: no ncclSend / ncclRecv.
+        let old = Real::with_only(&[
+            "ncclAllReduce",
+            "ncclAllGather",
+            "ncclReduceScatter",
+            "ncclReduce",
+            "ncclGroupStart",
+            "ncclGroupEnd",
+        ]);
+        assert_eq!(all_reduce.split_needs(&old), Ok(()));
+        assert_eq!(reduce_scatter.split_needs(&old), Ok(()));
+        assert_eq!(all_gather.entry(&old), Ok(()), "still passes through");
+        assert_eq!(all_gather.split_needs(&old), Err(Missing("ncclSend")));
+        // No group calls: both grouped NCCL parts are off, the others are not.
+        let ungrouped = Real::with_only(&["ncclAllReduce", "ncclReduceScatter", "ncclReduce"]);
+        assert_eq!(
+            reduce_scatter.split_needs(&ungrouped),
+            Err(Missing("ncclGroupStart"))
+        );
+        assert_eq!(all_reduce.split_needs(&ungrouped), Ok(()));
+        assert_eq!(all_gather.entry(&ungrouped), Err(Missing("ncclAllGather")));
+    }
+
+    #[test]
+    fn the_pcie_path_needs_the_device_and_the_async_error() {
+        let comm = std::ptr::null_mut();
+        let no_async = Real::with_only(&["ncclCommCuDevice"]);
+        assert_eq!(
+            device(&no_async, comm),
+            Err("the real NCCL lacks ncclCommGetAsyncError".into())
+        );
+        let no_device = Real::with_only(&["ncclCommGetAsyncError"]);
+        assert_eq!(
+            device(&no_device, comm),
+            Err("the real NCCL lacks ncclCommCuDevice".into())
+        );
     }
 }

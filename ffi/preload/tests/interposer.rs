@@ -3,6 +3,10 @@
 //! `ncclCommInitAll` calls the public `ncclCommInitRank`, which comes back through the
 //! interposer), and the lookup of the real NCCL when it was loaded `RTLD_LOCAL`. Without CUDA
 //! every communicator stays fast-only, so each call must reach NCCL whole and exactly once.
+//!
+//! The same fake built with `-DFAKE_NCCL_CORE` is an older NCCL (only the entry points of
+//! NCCL 2.x before 2.4), driven by `tests/c/partial.c`: what it has passes through, what it
+//! lacks fails alone.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -76,6 +80,29 @@ fn built() -> &'static Built {
             "-o",
             &out("client_local"),
             &src("client.c"),
+            "-ldl",
+        ]);
+        // The older NCCL, in a folder of its own under the same soname.
+        let core = dir.join("core");
+        std::fs::create_dir_all(&core).expect("core dir");
+        let core_lib = core.join("libnccl.so.2").display().to_string();
+        cc(&[
+            "-shared",
+            "-fPIC",
+            "-O1",
+            "-DFAKE_NCCL_CORE",
+            "-Wl,-soname,libnccl.so.2",
+            "-o",
+            &core_lib,
+            &src("fake_nccl.c"),
+        ]);
+        cc(&[
+            "-O1",
+            "-o",
+            &out("partial"),
+            &src("partial.c"),
+            &core_lib,
+            &format!("-Wl,-rpath,{}", core.display()),
             "-ldl",
         ]);
         Built { preload, dir }
@@ -206,5 +233,135 @@ fn pass_through_cost_is_reported() {
         let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
         let (ok, out, err) = run("client", &["bench", "100000"], &env);
         assert!(ok && out.starts_with("ns_per_call "), "{out}{err}");
+    }
+}
+
+/// `AMPCCL_ENABLE` unset (on) and `0`, each with the interposer preloaded and debug logs.
+fn preloaded(enable: Option<&str>) -> Vec<(&'static str, String)> {
+    let mut env = vec![("LD_PRELOAD", preload()), ("AMPCCL_LOG", "debug".into())];
+    env.extend(enable.map(|e| ("AMPCCL_ENABLE", e.to_string())));
+    env
+}
+
+fn run_env(bin: &str, args: &[&str], env: &[(&'static str, String)]) -> (bool, String, String) {
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    run(bin, args, &env)
+}
+
+/// The log line naming a function the real NCCL lacks.
+fn missing_line(name: &str) -> String {
+    format!("the real NCCL does not export {name} ")
+}
+
+/// The entry points the interposer wraps that NCCL 2.x before 2.4 lacks.
+const NEWER: [&str; 5] = [
+    "ncclCommSplit",
+    "ncclCommInitRankConfig",
+    "ncclCommInitRankScalable",
+    "ncclCommGetAsyncError",
+    "ncclCommAbort",
+];
+
+/// The entry points the interposer wraps that NCCL 2.x before 2.4 has.
+const CORE: [&str; 12] = [
+    "ncclCommInitRank",
+    "ncclCommInitAll",
+    "ncclCommDestroy",
+    "ncclCommCuDevice",
+    "ncclCommUserRank",
+    "ncclCommCount",
+    "ncclGroupStart",
+    "ncclGroupEnd",
+    "ncclAllReduce",
+    "ncclAllGather",
+    "ncclReduceScatter",
+    "ncclBroadcast",
+];
+
+#[test]
+fn an_older_nccl_passes_its_calls_through_enabled_or_not() {
+    let (ok, reference, err) = run("partial", &["core"], &[]);
+    assert!(ok, "{reference}{err}");
+    assert!(
+        reference.contains("AllGather count=268435456 dt=7 rank=0")
+            && reference.contains("GroupEnd depth=1"),
+        "{reference}"
+    );
+    for enable in [None, Some("0")] {
+        let (ok, out, err) = run_env("partial", &["core"], &preloaded(enable));
+        assert!(ok, "AMPCCL_ENABLE={enable:?}: {out}{err}");
+        assert_eq!(
+            out, reference,
+            "AMPCCL_ENABLE={enable:?}: every call passes on unchanged\n{err}"
+        );
+        for name in CORE {
+            assert!(!err.contains(&missing_line(name)), "{name}: {err}");
+        }
+        let registered = err.matches("communicator registered").count();
+        if enable == Some("0") {
+            // Nothing needed a function the old NCCL lacks, so nothing is said about one.
+            assert!(!err.contains("does not export"), "{err}");
+            assert_eq!(registered, 0, "{err}");
+        } else {
+            // The bookkeeping stays on (InitRank, and InitAll's two): only the PCIe path,
+            // which needs ncclCommGetAsyncError (and the allgather split ncclSend), is off.
+            assert_eq!(registered, 3, "{err}");
+            for name in NEWER.iter().chain(&["ncclSend", "ncclRecv"]) {
+                assert!(
+                    err.matches(&missing_line(name)).count() <= 1,
+                    "{name}: {err}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn an_older_nccl_fails_only_what_it_lacks_and_names_it_once() {
+    // The stand-in really lacks them: without the interposer the program finds none.
+    let (ok, reference, err) = run("partial", &["missing"], &[]);
+    assert!(ok, "{reference}{err}");
+    for name in NEWER {
+        assert_eq!(
+            reference.matches(&format!("{name} absent\n")).count(),
+            2,
+            "{reference}"
+        );
+    }
+    let log = |out: &str| {
+        out.split_once("----- fake nccl log\n")
+            .map(|(_, l)| l.to_string())
+    };
+    let reference_log = log(&reference).expect("the fake's log");
+    assert!(
+        reference_log.contains("AllReduce count=268435456")
+            && reference_log.contains("CommDestroy rank=0"),
+        "{reference_log}"
+    );
+    for enable in [None, Some("0")] {
+        let (ok, out, err) = run_env("partial", &["missing"], &preloaded(enable));
+        assert!(ok, "AMPCCL_ENABLE={enable:?}: {out}{err}");
+        for name in NEWER {
+            assert_eq!(
+                out.matches(&format!("{name} -> 2 (unhandled system error)\n"))
+                    .count(),
+                2,
+                "AMPCCL_ENABLE={enable:?}: {name} fails with ncclSystemError\n{out}"
+            );
+            assert_eq!(
+                err.matches(&missing_line(name)).count(),
+                1,
+                "AMPCCL_ENABLE={enable:?}: {name} is named once\n{err}"
+            );
+        }
+        // The failed calls reached nothing, and the communicator still works.
+        assert_eq!(log(&out), Some(reference_log.clone()), "{err}");
+        // Only the communicator NCCL made is registered: a failed init counts no arrival.
+        let registered = if enable.is_none() { 1 } else { 0 };
+        assert_eq!(
+            err.matches("communicator registered").count(),
+            registered,
+            "{err}"
+        );
     }
 }
