@@ -104,6 +104,7 @@ impl std::fmt::Display for Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithms::allreduce_ring;
 
     #[test]
     fn builtins_cover_every_kind_and_duplicates_are_refused() {
@@ -115,9 +116,13 @@ mod tests {
                 kind.name()
             );
         }
-        let ring = r.get("AllReduceRing").expect("built in").executor.clone();
+        let ring = r
+            .get(allreduce_ring::NAME)
+            .expect("built in")
+            .executor
+            .clone();
         let err = r
-            .register("AllReduceRing", OpKind::AllReduce, ring.clone())
+            .register(allreduce_ring::NAME, OpKind::AllReduce, ring.clone())
             .unwrap_err();
         assert!(matches!(err, Error::InvalidUsage(ref m) if m.contains("already registered")));
         r.register("MyRing", OpKind::AllReduce, ring).unwrap();

@@ -1,11 +1,11 @@
-//! `AllGatherMesh`: every rank exchanges its block with every peer at once, one slave stream
-//! per peer (the source documents' example of main/slave streams and notifies).
+//! `AllGatherMesh`: every rank exchanges its block with every peer at once, one side stream
+//! per peer (HCCL's pattern of a main stream with side streams joined by notifies).
 //!
 //! ```text
 //! main:     record(fork i) ─────────────────────────── copy own block ── wait(join i) …
-//! slave i:  wait(fork i) ── [rx from peer ─ tx to peer ─ rx done ─ (copy) ─ tx done]* ── record(join i)
+//! side i:   wait(fork i) ── [rx from peer ─ tx to peer ─ rx done ─ (copy) ─ tx done]* ── record(join i)
 //! ```
-//! Slave `i` (`1..world`) serves peer `rank + i`: fork notify `i - 1` starts it after what
+//! Side stream `i` (`1..world`) serves peer `rank + i`: fork notify `i - 1` starts it after what
 //! the main stream queued before, join notify `world - 2 + i` ends it, so `stream_num =
 //! world - 1` and `notify_num = 2 (world - 1)`. Each peer's block lands in its own part of the
 //! CCL input buffer (a [`Window`](crate::steps::window::Window) part of `ccl_in_size / world`
@@ -23,14 +23,17 @@ use crate::op::OpParam;
 use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, MAIN, Mem};
 use crate::steps::exchange::{Landing, copy_own, exchange};
 
+/// The registry name of [`AllGatherMesh`] (`AMPCCL_ALGO_<OP>` values, operators' selections).
+pub const NAME: &str = "AllGatherMesh";
+
 pub struct AllGatherMesh;
 
 impl Executor for AllGatherMesh {
     fn calc_res_request(&self, p: &OpParam) -> AlgResourceRequest {
-        let slaves = p.world - 1;
+        let sides = p.world - 1;
         AlgResourceRequest {
-            stream_num: slaves,
-            notify_num: 2 * slaves,
+            stream_num: sides,
+            notify_num: 2 * sides,
             ..AlgResourceRequest::mesh(p.rank, p.world)
         }
     }
@@ -41,7 +44,7 @@ impl Executor for AllGatherMesh {
         if bytes == 0 {
             return Ok(());
         }
-        let slaves = world - 1;
+        let sides = world - 1;
         for i in 1..world {
             res.tasks.record(MAIN, i - 1)?;
             res.tasks.wait(i, i - 1)?;
@@ -53,10 +56,10 @@ impl Executor for AllGatherMesh {
             let own = Mem::of(BufKind::UserIn);
             let dst = Mem::of(BufKind::UserOut).add(peer * bytes);
             exchange(res, i, peer, own, peer, dst, bytes, landing)?;
-            res.tasks.record(i, slaves + i - 1)?;
+            res.tasks.record(i, sides + i - 1)?;
         }
         for i in 1..world {
-            res.tasks.wait(MAIN, slaves + i - 1)?;
+            res.tasks.wait(MAIN, sides + i - 1)?;
         }
         Ok(())
     }

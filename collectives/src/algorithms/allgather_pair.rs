@@ -44,6 +44,9 @@ pub static PIECE: Param = Param::new(
     "bytes of each rank's block one step of the 2-rank allgather pair moves",
 );
 
+/// The registry name of [`AllGatherPair`] (`AMPCCL_ALGO_<OP>` values, operators' selections).
+pub const NAME: &str = "AllGatherPair";
+
 pub struct AllGatherPair;
 
 impl Executor for AllGatherPair {
@@ -57,7 +60,7 @@ impl Executor for AllGatherPair {
         if p.world == 1 {
             return copy_through(p, res, bytes);
         }
-        let (me, peer) = (p.rank, p.pair_peer("AllGatherPair")?);
+        let (me, peer) = (p.rank, p.pair_peer(NAME)?);
         let (input, output) = (Mem::of(BufKind::UserIn), Mem::of(BufKind::UserOut));
         let shared = res.shared_user.input;
         let beyond = res.beyond_cache(bytes * p.world);

@@ -19,6 +19,9 @@ use crate::steps::blocks::rounds;
 use crate::steps::exchange::copy_own;
 use crate::steps::ring::{self, Layout, Ring, Round};
 
+/// The registry name of [`AllGatherRing`] (`AMPCCL_ALGO_<OP>` values, operators' selections).
+pub const NAME: &str = "AllGatherRing";
+
 pub struct AllGatherRing;
 
 impl Executor for AllGatherRing {

@@ -27,6 +27,9 @@ pub static ROTATE_MIN: Param = Param::new(
     "one-shot allreduce inputs from this size land in rotating window slots, smaller ones at fixed offsets",
 );
 
+/// The registry name of [`AllReduceOneShot`] (`AMPCCL_ALGO_<OP>` values, operators' selections).
+pub const NAME: &str = "AllReduceOneShot";
+
 pub struct AllReduceOneShot;
 
 impl Executor for AllReduceOneShot {

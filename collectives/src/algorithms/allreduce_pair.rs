@@ -48,6 +48,9 @@ pub static MIN_BYTES: Param = Param::new(
     "on 2 ranks, allreduces from this size (beyond the one-shot range) take the pair algorithm",
 );
 
+/// The registry name of [`AllReducePair`] (`AMPCCL_ALGO_<OP>` values, operators' selections).
+pub const NAME: &str = "AllReducePair";
+
 pub struct AllReducePair;
 
 impl Executor for AllReducePair {
@@ -60,7 +63,7 @@ impl Executor for AllReducePair {
         if p.world == 1 {
             return copy_through(p, res, p.count * e);
         }
-        let peer = p.pair_peer("AllReducePair")?;
+        let peer = p.pair_peer(NAME)?;
         // Each round reduces one slot (and at most one `CclOut`) per rank.
         let mut r = Ring::new(p, res, res.ccl_out_size.min(p.count.div_ceil(2) * e));
         let piece = r.piece_elems;

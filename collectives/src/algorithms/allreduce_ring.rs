@@ -9,6 +9,9 @@ use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, MAIN, Me
 use crate::steps::blocks::{Blocks, rounds};
 use crate::steps::ring::{self, Layout, Ring, Round};
 
+/// The registry name of [`AllReduceRing`] (`AMPCCL_ALGO_<OP>` values, operators' selections).
+pub const NAME: &str = "AllReduceRing";
+
 pub struct AllReduceRing;
 
 impl Executor for AllReduceRing {

@@ -20,6 +20,9 @@ use crate::op::OpParam;
 use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, MAIN, Mem};
 use crate::steps::exchange::{Landing, copy_own, exchange};
 
+/// The registry name of [`AllToAllPairwise`] (`AMPCCL_ALGO_<OP>` values, operators' selections).
+pub const NAME: &str = "AllToAllPairwise";
+
 pub struct AllToAllPairwise;
 
 impl Executor for AllToAllPairwise {

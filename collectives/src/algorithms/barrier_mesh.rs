@@ -32,6 +32,9 @@ use crate::executor::Executor;
 use crate::op::OpParam;
 use crate::resource::{AlgResourceRequest, AlgResourceResponse, MAIN};
 
+/// The registry name of [`BarrierMesh`] (`AMPCCL_ALGO_<OP>` values, operators' selections).
+pub const NAME: &str = "BarrierMesh";
+
 pub struct BarrierMesh;
 
 impl Executor for BarrierMesh {

@@ -24,6 +24,9 @@ use crate::op::OpParam;
 use crate::resource::{AlgResourceRequest, AlgResourceResponse};
 use crate::steps::pipe::{self, Chain, Deliver};
 
+/// The registry name of [`BroadcastChain`] (`AMPCCL_ALGO_<OP>` values, operators' selections).
+pub const NAME: &str = "BroadcastChain";
+
 pub struct BroadcastChain;
 
 impl Executor for BroadcastChain {

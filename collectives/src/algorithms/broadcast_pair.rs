@@ -36,6 +36,9 @@ use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, CopyTo, 
 use crate::steps::pipe::{ChunkBound, Chunks, MIN_PIPELINE_CHUNK, copy_through};
 use crate::steps::window::Window;
 
+/// The registry name of [`BroadcastPair`] (`AMPCCL_ALGO_<OP>` values, operators' selections).
+pub const NAME: &str = "BroadcastPair";
+
 pub struct BroadcastPair;
 
 /// The pair's largest chunk; a message is cut into chunks of half its size, at least
@@ -73,7 +76,7 @@ impl Executor for BroadcastPair {
         if p.world == 1 {
             return copy_through(p, res, bytes);
         }
-        let peer = p.pair_peer("BroadcastPair")?;
+        let peer = p.pair_peer(NAME)?;
         let chunks =
             ChunkBound::new(res.ccl_in_size, p.elem()).sized(bytes, p.elem(), chunk_bytes(bytes));
         let pairs = Pairs { chunks };

@@ -24,64 +24,64 @@ pub mod send;
 pub fn builtin() -> Vec<(&'static str, OpKind, Arc<dyn Executor>)> {
     vec![
         (
-            "AllReduceRing",
+            allreduce_ring::NAME,
             OpKind::AllReduce,
             Arc::new(allreduce_ring::AllReduceRing),
         ),
         (
-            "AllReduceOneShot",
+            allreduce_oneshot::NAME,
             OpKind::AllReduce,
             Arc::new(allreduce_oneshot::AllReduceOneShot),
         ),
         (
-            "AllReducePair",
+            allreduce_pair::NAME,
             OpKind::AllReduce,
             Arc::new(allreduce_pair::AllReducePair),
         ),
         (
-            "AllGatherMesh",
+            allgather_mesh::NAME,
             OpKind::AllGather,
             Arc::new(allgather_mesh::AllGatherMesh),
         ),
         (
-            "AllGatherPair",
+            allgather_pair::NAME,
             OpKind::AllGather,
             Arc::new(allgather_pair::AllGatherPair),
         ),
         (
-            "AllGatherRing",
+            allgather_ring::NAME,
             OpKind::AllGather,
             Arc::new(allgather_ring::AllGatherRing),
         ),
         (
-            "ReduceScatterRing",
+            reduce_scatter_ring::NAME,
             OpKind::ReduceScatter,
             Arc::new(reduce_scatter_ring::ReduceScatterRing),
         ),
         (
-            "AllToAllPairwise",
+            alltoall_pairwise::NAME,
             OpKind::AllToAll,
             Arc::new(alltoall_pairwise::AllToAllPairwise),
         ),
         (
-            "BroadcastChain",
+            broadcast_chain::NAME,
             OpKind::Broadcast,
             Arc::new(broadcast_chain::BroadcastChain),
         ),
         (
-            "BroadcastPair",
+            broadcast_pair::NAME,
             OpKind::Broadcast,
             Arc::new(broadcast_pair::BroadcastPair),
         ),
         (
-            "ReduceChain",
+            reduce_chain::NAME,
             OpKind::Reduce,
             Arc::new(reduce_chain::ReduceChain),
         ),
-        ("Send", OpKind::Send, Arc::new(send::Send)),
-        ("Recv", OpKind::Recv, Arc::new(recv::Recv)),
+        (send::NAME, OpKind::Send, Arc::new(send::Send)),
+        (recv::NAME, OpKind::Recv, Arc::new(recv::Recv)),
         (
-            "BarrierMesh",
+            barrier_mesh::NAME,
             OpKind::Barrier,
             Arc::new(barrier_mesh::BarrierMesh),
         ),

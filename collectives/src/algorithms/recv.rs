@@ -15,6 +15,9 @@ use crate::op::OpParam;
 use crate::resource::{AlgResourceRequest, AlgResourceResponse};
 use crate::steps::pipe::{self, Deliver, Pipe};
 
+/// The registry name of [`Recv`] (`AMPCCL_ALGO_<OP>` values, operators' selections).
+pub const NAME: &str = "Recv";
+
 pub struct Recv;
 
 impl Executor for Recv {

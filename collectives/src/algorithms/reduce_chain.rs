@@ -18,6 +18,9 @@ use crate::op::OpParam;
 use crate::resource::{AlgResourceRequest, AlgResourceResponse, BufKind, MAIN, Mem};
 use crate::steps::pipe::{self, Chain, Stage};
 
+/// The registry name of [`ReduceChain`] (`AMPCCL_ALGO_<OP>` values, operators' selections).
+pub const NAME: &str = "ReduceChain";
+
 pub struct ReduceChain;
 
 /// One rank's part: the head sends its input, the others reduce into the slot (middle) or the

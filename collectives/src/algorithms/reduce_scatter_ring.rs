@@ -37,6 +37,9 @@ pub static PIECE: Param = Param::new(
     "most bytes of a block one round of the ring reduce-scatter moves",
 );
 
+/// The registry name of [`ReduceScatterRing`] (`AMPCCL_ALGO_<OP>` values, operators' selections).
+pub const NAME: &str = "ReduceScatterRing";
+
 pub struct ReduceScatterRing;
 
 impl Executor for ReduceScatterRing {

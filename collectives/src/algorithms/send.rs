@@ -17,6 +17,9 @@ use crate::op::OpParam;
 use crate::resource::{AlgResourceRequest, AlgResourceResponse};
 use crate::steps::pipe::{self, ChunkBound, Deliver, Pipe};
 
+/// The registry name of [`Send`] (`AMPCCL_ALGO_<OP>` values, operators' selections).
+pub const NAME: &str = "Send";
+
 pub struct Send;
 
 /// The chunk geometry both halves of a transfer use: bytes, not elements (Send and Recv only

@@ -4,6 +4,7 @@
 
 use ampccl_runtime::param::{Param, Unit};
 
+use crate::algorithms::{allgather_mesh, allgather_pair, allgather_ring};
 use crate::executor::{Operator, SelectCtx};
 use crate::op::OpParam;
 
@@ -25,12 +26,12 @@ impl Operator for AllGatherOperator {
         let bytes = p.count * p.elem();
         let out = bytes * p.world;
         if bytes <= MESH_MAX_BYTES.bytes() && out <= ctx.ccl_size {
-            return ("AllGatherMesh", 0);
+            return (allgather_mesh::NAME, 0);
         }
         if p.world == 2 && !ctx.oversubscribed {
-            ("AllGatherPair", 0)
+            (allgather_pair::NAME, 0)
         } else {
-            ("AllGatherRing", 0)
+            (allgather_ring::NAME, 0)
         }
     }
 }
@@ -55,14 +56,17 @@ mod tests {
     fn two_ranks_with_a_core_each_take_the_pair_beyond_the_mesh() {
         let llc = 32 << 20;
         let mesh_max = MESH_MAX_BYTES.bytes();
-        assert_eq!(pick(2, 1024.min(mesh_max), llc, false), "AllGatherMesh");
-        assert_eq!(pick(2, mesh_max, llc, false), "AllGatherMesh");
+        assert_eq!(
+            pick(2, 1024.min(mesh_max), llc, false),
+            allgather_mesh::NAME
+        );
+        assert_eq!(pick(2, mesh_max, llc, false), allgather_mesh::NAME);
         for cache in [llc, 0] {
-            assert_eq!(pick(2, mesh_max + 1, cache, false), "AllGatherPair");
-            assert_eq!(pick(2, 64 << 20, cache, false), "AllGatherPair");
+            assert_eq!(pick(2, mesh_max + 1, cache, false), allgather_pair::NAME);
+            assert_eq!(pick(2, 64 << 20, cache, false), allgather_pair::NAME);
         }
-        assert_eq!(pick(2, mesh_max + 1, llc, true), "AllGatherRing");
-        assert_eq!(pick(3, mesh_max + 1, llc, false), "AllGatherRing");
-        assert_eq!(pick(3, 64 << 20, llc, false), "AllGatherRing");
+        assert_eq!(pick(2, mesh_max + 1, llc, true), allgather_ring::NAME);
+        assert_eq!(pick(3, mesh_max + 1, llc, false), allgather_ring::NAME);
+        assert_eq!(pick(3, 64 << 20, llc, false), allgather_ring::NAME);
     }
 }

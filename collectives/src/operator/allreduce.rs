@@ -3,7 +3,7 @@
 
 use ampccl_runtime::param::{Param, Unit};
 
-use crate::algorithms::allreduce_pair;
+use crate::algorithms::{allreduce_oneshot, allreduce_pair, allreduce_ring};
 use crate::executor::{Operator, SelectCtx};
 use crate::op::OpParam;
 
@@ -43,11 +43,11 @@ impl Operator for AllReduceOperator {
         let one_shot = bytes * p.world <= ONE_SHOT_MAX_BYTES.bytes()
             || (p.world == 2 && bytes >= ONE_SHOT_PAIR_MIN_BYTES.bytes());
         if one_shot && bytes * p.world <= ctx.ccl_size {
-            ("AllReduceOneShot", 0)
+            (allreduce_oneshot::NAME, 0)
         } else if p.world == 2 && bytes >= allreduce_pair::MIN_BYTES.bytes() {
-            ("AllReducePair", 0)
+            (allreduce_pair::NAME, 0)
         } else {
-            ("AllReduceRing", 0)
+            (allreduce_ring::NAME, 0)
         }
     }
 }
@@ -75,18 +75,21 @@ mod tests {
             (ONE_SHOT_MAX_BYTES.bytes(), ONE_SHOT_PAIR_MIN_BYTES.bytes());
         for in_place in [false, true] {
             let at = |bytes| pick(bytes, 2, in_place, ccl);
-            assert_eq!(at(one_shot_max / 2), "AllReduceOneShot");
-            assert_eq!(at(one_shot_max), "AllReduceRing");
-            assert_eq!(at(pair_min - 4), "AllReduceRing");
-            assert_eq!(at(pair_min), "AllReduceOneShot");
-            assert_eq!(at(ccl / 2), "AllReduceOneShot");
-            assert_eq!(at(ccl / 2 + 4), "AllReduceRing");
-            assert_eq!(at(allreduce_pair::MIN_BYTES.bytes()), "AllReducePair");
+            assert_eq!(at(one_shot_max / 2), allreduce_oneshot::NAME);
+            assert_eq!(at(one_shot_max), allreduce_ring::NAME);
+            assert_eq!(at(pair_min - 4), allreduce_ring::NAME);
+            assert_eq!(at(pair_min), allreduce_oneshot::NAME);
+            assert_eq!(at(ccl / 2), allreduce_oneshot::NAME);
+            assert_eq!(at(ccl / 2 + 4), allreduce_ring::NAME);
+            assert_eq!(at(allreduce_pair::MIN_BYTES.bytes()), allreduce_pair::NAME);
         }
         // A smaller CCL buffer bounds the one-shot range.
-        assert_eq!(pick(pair_min, 2, false, 512 << 10), "AllReduceRing");
+        assert_eq!(pick(pair_min, 2, false, 512 << 10), allreduce_ring::NAME);
         // More ranks: one-shot only for small messages.
-        assert_eq!(pick(pair_min, 3, false, ccl), "AllReduceRing");
-        assert_eq!(pick(one_shot_max / 4, 4, false, ccl), "AllReduceOneShot");
+        assert_eq!(pick(pair_min, 3, false, ccl), allreduce_ring::NAME);
+        assert_eq!(
+            pick(one_shot_max / 4, 4, false, ccl),
+            allreduce_oneshot::NAME
+        );
     }
 }

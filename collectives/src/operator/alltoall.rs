@@ -3,6 +3,7 @@
 
 use ampccl_runtime::{Error, Result};
 
+use crate::algorithms::alltoall_pairwise;
 use crate::executor::{Operator, SelectCtx};
 use crate::op::OpParam;
 
@@ -19,7 +20,7 @@ impl Operator for AllToAllOperator {
     }
 
     fn select_alg(&self, _p: &OpParam, _ctx: &SelectCtx) -> (&'static str, u64) {
-        ("AllToAllPairwise", 0)
+        (alltoall_pairwise::NAME, 0)
     }
 }
 

@@ -10,6 +10,7 @@
 //!
 //! [`copy_tee`]: crate::resource::TaskSink::copy_tee
 
+use crate::algorithms::{broadcast_chain, broadcast_pair};
 use crate::executor::{Operator, SelectCtx};
 use crate::op::OpParam;
 
@@ -18,9 +19,9 @@ pub struct BroadcastOperator;
 impl Operator for BroadcastOperator {
     fn select_alg(&self, p: &OpParam, _ctx: &SelectCtx) -> (&'static str, u64) {
         if p.world == 2 {
-            ("BroadcastPair", 0)
+            (broadcast_pair::NAME, 0)
         } else {
-            ("BroadcastChain", 0)
+            (broadcast_chain::NAME, 0)
         }
     }
 }

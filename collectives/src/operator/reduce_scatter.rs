@@ -1,5 +1,6 @@
 //! ReduceScatter operator: ring.
 
+use crate::algorithms::reduce_scatter_ring;
 use crate::executor::{Operator, SelectCtx};
 use crate::op::OpParam;
 
@@ -7,6 +8,6 @@ pub struct ReduceScatterOperator;
 
 impl Operator for ReduceScatterOperator {
     fn select_alg(&self, _p: &OpParam, _ctx: &SelectCtx) -> (&'static str, u64) {
-        ("ReduceScatterRing", 0)
+        (reduce_scatter_ring::NAME, 0)
     }
 }

@@ -1,5 +1,6 @@
 //! Send and Recv operators: the chunked loop through the CCL buffer (seed 001).
 
+use crate::algorithms::{recv, send};
 use crate::executor::{Operator, SelectCtx};
 use crate::op::OpParam;
 
@@ -7,7 +8,7 @@ pub struct SendOperator;
 
 impl Operator for SendOperator {
     fn select_alg(&self, _p: &OpParam, _ctx: &SelectCtx) -> (&'static str, u64) {
-        ("Send", 0)
+        (send::NAME, 0)
     }
 }
 
@@ -15,6 +16,6 @@ pub struct RecvOperator;
 
 impl Operator for RecvOperator {
     fn select_alg(&self, _p: &OpParam, _ctx: &SelectCtx) -> (&'static str, u64) {
-        ("Recv", 0)
+        (recv::NAME, 0)
     }
 }

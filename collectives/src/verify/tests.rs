@@ -12,6 +12,10 @@
 //! A configuration the operator selects must always pass; one its `validate` refuses (in-place
 //! AllToAll on several ranks) is not generated.
 
+use crate::algorithms::{
+    allgather_pair, allgather_ring, allreduce_oneshot, allreduce_pair, allreduce_ring,
+    broadcast_chain, broadcast_pair,
+};
 use ampccl_runtime::{DataType, ReduceOp};
 
 use super::*;
@@ -148,20 +152,20 @@ fn assert_refuses_most(r: &[(&'static str, usize, usize)], name: &str) {
 #[test]
 fn all_reduce_algorithms() {
     let r = verify_kind(OpKind::AllReduce);
-    assert_runs_everywhere(&r, "AllReduceRing");
-    let (one_ok, one_skip) = outcome(&r, "AllReduceOneShot");
+    assert_runs_everywhere(&r, allreduce_ring::NAME);
+    let (one_ok, one_skip) = outcome(&r, allreduce_oneshot::NAME);
     assert!(one_ok > 0 && one_skip > 0, "{r:?}");
     // The pair runs every 2-rank configuration and refuses the rest.
-    assert_refuses_most(&r, "AllReducePair");
+    assert_refuses_most(&r, allreduce_pair::NAME);
 }
 
 #[test]
 fn all_gather_algorithms() {
     let r = verify_kind(OpKind::AllGather);
-    assert_runs_everywhere(&r, "AllGatherRing");
+    assert_runs_everywhere(&r, allgather_ring::NAME);
     // The pair runs every 2-rank configuration, with and without user-memory links, and
     // refuses the rest.
-    assert_refuses_most(&r, "AllGatherPair");
+    assert_refuses_most(&r, allgather_pair::NAME);
 }
 
 #[test]
@@ -172,8 +176,8 @@ fn reduce_scatter_algorithms() {
 #[test]
 fn broadcast_algorithms() {
     let r = verify_kind(OpKind::Broadcast);
-    assert_runs_everywhere(&r, "BroadcastChain");
-    assert_refuses_most(&r, "BroadcastPair");
+    assert_runs_everywhere(&r, broadcast_chain::NAME);
+    assert_refuses_most(&r, broadcast_pair::NAME);
 }
 
 #[test]
@@ -226,7 +230,10 @@ fn operator_selection_is_verified() {
 fn one_shot_fits_a_buffer_of_exactly_its_inputs() {
     let rotate_min = crate::algorithms::allreduce_oneshot::ROTATE_MIN.bytes();
     let reg = Registry::builtin();
-    let entry = reg.list().find(|e| e.name == "AllReduceOneShot").unwrap();
+    let entry = reg
+        .list()
+        .find(|e| e.name == allreduce_oneshot::NAME)
+        .unwrap();
     for in_place in [false, true] {
         let p = OpParam {
             kind: OpKind::AllReduce,
