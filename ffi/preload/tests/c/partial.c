@@ -6,27 +6,10 @@
  *    export when it is preloaded, nothing without it), called twice, printing its result; then
  *    core calls on the same communicator, and the fake's log. */
 #include <dlfcn.h>
-#include <stddef.h>
-#include <stdio.h>
 #include <string.h>
 
-typedef struct { char internal[128]; } ncclUniqueId;
-typedef void *ncclComm_t;
-int ncclGetUniqueId(ncclUniqueId *);
-const char *ncclGetErrorString(int);
-int ncclCommInitRank(ncclComm_t *, int, ncclUniqueId, int);
-int ncclCommInitAll(ncclComm_t *, int, const int *);
-int ncclCommDestroy(ncclComm_t);
-int ncclGroupStart(void);
-int ncclGroupEnd(void);
-int ncclAllReduce(const void *, void *, size_t, int, int, ncclComm_t, void *);
-int ncclAllGather(const void *, void *, size_t, int, ncclComm_t, void *);
-int ncclReduceScatter(const void *, void *, size_t, int, int, ncclComm_t, void *);
-int ncclBroadcast(const void *, void *, size_t, int, int, ncclComm_t, void *);
-int ncclReduce(const void *, void *, size_t, int, int, int, ncclComm_t, void *);
+#include "nccl_core.h"
 const char *fake_log(void);
-
-#define CHECK(x) do { int r_ = (x); if (r_) { printf("FAIL %s = %d\n", #x, r_); return 1; } } while (0)
 
 static const size_t big = (size_t)1 << 28;
 

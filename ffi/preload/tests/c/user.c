@@ -1,28 +1,13 @@
 /* The application side of the interposer tests, as a library linked against libnccl.so.2 (so it
  * can be loaded RTLD_LOCAL, like PyTorch's libtorch_cuda.so) and as a program (client.c). */
-#include <stddef.h>
-#include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-typedef struct { char internal[128]; } ncclUniqueId;
-typedef void *ncclComm_t;
-int ncclCommInitRank(ncclComm_t *, int, ncclUniqueId, int);
-int ncclCommInitAll(ncclComm_t *, int, const int *);
+#include "nccl_core.h"
 int ncclCommSplit(ncclComm_t, int, int, ncclComm_t *, void *);
-int ncclCommDestroy(ncclComm_t);
 int ncclCommAbort(ncclComm_t);
 int ncclCommGetAsyncError(ncclComm_t, int *);
-int ncclGroupStart(void);
-int ncclGroupEnd(void);
-int ncclAllReduce(const void *, void *, size_t, int, int, ncclComm_t, void *);
-int ncclAllGather(const void *, void *, size_t, int, ncclComm_t, void *);
-int ncclReduceScatter(const void *, void *, size_t, int, int, ncclComm_t, void *);
-int ncclBroadcast(const void *, void *, size_t, int, int, ncclComm_t, void *);
-int ncclReduce(const void *, void *, size_t, int, int, int, ncclComm_t, void *);
-
-#define CHECK(x) do { int r_ = (x); if (r_) { printf("FAIL %s = %d\n", #x, r_); return 1; } } while (0)
 
 /* Every wrapped entry point once, large counts included (1 Gi floats). */
 int user_run(void) {
