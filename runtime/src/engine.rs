@@ -202,7 +202,12 @@ impl EngineInner {
         for s in streams.iter() {
             let (n, failed) = s.advance(self.timeout);
             finished += n;
-            if failed && tracing::enabled!(tracing::Level::DEBUG) {
+            let Some(e) = failed else { continue };
+            // The streams of an engine work on the same operations: a task of another stream
+            // may wait for a notify the failed stream would have recorded, and would wait
+            // until its timeout without saying why. The first failure fails them all.
+            self.abort_with(e);
+            if tracing::enabled!(tracing::Level::DEBUG) {
                 // What every other stream was waiting for: the cause of a timeout is often
                 // another stream's stuck task.
                 for (i, other) in streams.iter().enumerate() {

@@ -103,27 +103,30 @@ impl StreamInner {
         }
     }
 
-    /// Runs tasks from the head until one is pending. Returns (tasks finished, failed).
-    pub(crate) fn advance(&self, timeout: Duration) -> (u64, bool) {
+    /// Runs tasks from the head until one is pending. Returns the tasks finished and the
+    /// error that failed the stream in this pass, if one did.
+    pub(crate) fn advance(&self, timeout: Duration) -> (u64, Option<Error>) {
         let mut done = 0;
         loop {
             let Some(mut item) = lock(&self.queue).pop_front() else {
-                return (done, false);
+                return (done, None);
             };
-            match item.task.poll() {
+            let failed = match item.task.poll() {
                 Poll::Ready(Ok(())) => {
                     self.completed.fetch_add(1, Ordering::Release);
                     done += 1;
+                    continue;
                 }
-                Poll::Ready(Err(e)) => return (done + self.fail(e), true),
-                Poll::Pending => {
-                    if let Err(e) = item.check_stuck(timeout) {
-                        return (done + self.fail(e), true);
+                Poll::Ready(Err(e)) => e,
+                Poll::Pending => match item.check_stuck(timeout) {
+                    Ok(()) => {
+                        lock(&self.queue).push_front(item);
+                        return (done, None);
                     }
-                    lock(&self.queue).push_front(item);
-                    return (done, false);
-                }
-            }
+                    Err(e) => e,
+                },
+            };
+            return (done + self.fail(failed.clone()), Some(failed));
         }
     }
 

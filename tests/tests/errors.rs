@@ -43,8 +43,17 @@ fn worker_entry() {
             let op = [ReduceOp::Sum, ReduceOp::Max][c.rank() % 2];
             c.all_reduce(&[1f32; 100], &mut [0f32; 100], op)
         }),
-        "killed_rank_abort" => killed_rank(true),
-        "killed_rank_sigkill" => killed_rank(false),
+        "killed_rank_abort" => killed_rank(true, big_allreduce),
+        "killed_rank_sigkill" => killed_rank(false, big_allreduce),
+        "killed_rank_small_allgather" => killed_rank(true, |c| {
+            let mut out = vec![0u8; 1024 * c.world()];
+            c.all_gather(&[1u8; 1024], &mut out)
+        }),
+        "killed_rank_small_allreduce" => killed_rank(true, |c| {
+            c.all_reduce_in_place(&mut [1f32; 16], ReduceOp::Sum)
+        }),
+        "killed_rank_small_broadcast" => killed_rank(true, |c| c.broadcast(&mut [1u8; 64], 0)),
+        "killed_rank_barrier" => killed_rank(true, |c| c.barrier()),
         "missing_peer" => missing_peer(),
         "stuck_peer" => stuck_peer(),
         "abort" => abort(),
@@ -165,19 +174,24 @@ fn mismatch(call: impl Fn(&Communicator) -> ampccl::Result<()>) -> Outcome {
     })
 }
 
-/// Rank 1 dies while rank 0 loops over big allreduces: rank 0's pending call must fail with
-/// `Remote` naming rank 1, promptly. `self_abort`: rank 1 calls `process::abort()` after a few
-/// iterations; otherwise it loops until the launcher SIGKILLs it.
-fn killed_rank(self_abort: bool) -> Outcome {
+/// A 4 MiB allreduce (the ring's and the pair's link waits).
+fn big_allreduce(c: &Communicator) -> ampccl::Result<()> {
+    c.all_reduce_in_place(&mut vec![1f32; 1 << 20], ReduceOp::Max)
+}
+
+/// Rank 1 dies while the others loop over `op`: their pending call must fail with `Remote`
+/// naming rank 1, promptly, whatever the operation waits on. `self_abort`: rank 1 calls
+/// `process::abort()` after a few iterations; otherwise it loops until the launcher SIGKILLs
+/// it.
+fn killed_rank(self_abort: bool, op: fn(&Communicator) -> ampccl::Result<()>) -> Outcome {
     let c = init_comm()?;
-    let mut buf = vec![1f32; 1 << 20];
     let start = Instant::now();
     for i in 0.. {
         if c.rank() == 1 && self_abort && i == 3 {
             std::process::abort();
         }
         let t = Instant::now();
-        let r = c.all_reduce_in_place(&mut buf, ReduceOp::Max);
+        let r = op(&c);
         if c.rank() == 1 {
             r.map_err(err("rank 1 allreduce before dying"))?;
             continue;
@@ -371,6 +385,44 @@ fn killed_rank_unreaped_w2() {
         .run();
     assert_died(&res, 1, libc::SIGABRT);
     assert_no_shm_left(&res);
+}
+
+/// Rank 1 aborts in the middle of small operations, whose waits are not all link operations
+/// (eager messages, notifies between streams, the mesh's side streams): the survivors still
+/// name it within a fraction of a second, not after `AMPCCL_TIMEOUT_S`.
+fn killed_in(world: usize, scenario: &str) {
+    let res = Launch::new(world, scenario)
+        .may_die(1)
+        .env("AMPCCL_TIMEOUT_S", "60")
+        .deadline(Duration::from_secs(45))
+        .run();
+    assert_died(&res, 1, libc::SIGABRT);
+    assert_no_shm_left(&res);
+}
+
+#[test]
+fn killed_rank_small_allgather_w2() {
+    killed_in(2, "killed_rank_small_allgather");
+}
+
+#[test]
+fn killed_rank_small_allgather_w3() {
+    killed_in(3, "killed_rank_small_allgather");
+}
+
+#[test]
+fn killed_rank_small_allreduce_w3() {
+    killed_in(3, "killed_rank_small_allreduce");
+}
+
+#[test]
+fn killed_rank_small_broadcast_w3() {
+    killed_in(3, "killed_rank_small_broadcast");
+}
+
+#[test]
+fn killed_rank_barrier_w2() {
+    killed_in(2, "killed_rank_barrier");
 }
 
 #[test]
