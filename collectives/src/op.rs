@@ -4,6 +4,9 @@ use std::hash::Hasher;
 
 use ampccl_runtime::{DataType, Error, ReduceOp, Result};
 
+use ampccl_transport::device::{NOT_COLLECTIVE, OpRecord};
+use ampccl_transport::protocol::TAG_P2P;
+
 use crate::fasthash::WordHasher;
 
 /// The collective (or point-to-point) operation kinds.
@@ -55,6 +58,12 @@ impl OpKind {
             self,
             OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Reduce
         )
+    }
+
+    /// Whether it is a point-to-point operation (a send or a receive), which ranks issue in
+    /// orders of their own, unlike collectives.
+    pub const fn is_p2p(self) -> bool {
+        matches!(self, OpKind::Send | OpKind::Recv)
     }
 
     /// Whether `root` is meaningful (root rank, or the peer of send/recv).
@@ -142,7 +151,8 @@ impl OpParam {
     /// 32-bit fingerprint of what every participating rank must agree on (kind, count, dtype,
     /// reduce op, root). Carried in every clear-to-send entry; a sender whose own fingerprint
     /// differs refuses the transfer, so mismatched calls fail on every rank instead of hanging
-    /// or computing garbage. Send and Recv share a fingerprint (byte count only).
+    /// or computing garbage. Send and Recv share a fingerprint (byte count only), marked with
+    /// [`TAG_P2P`]; bit 31 is clear (the immediate's error flag).
     pub fn fingerprint(&self) -> u32 {
         let mut h = WordHasher::default();
         match self.kind {
@@ -159,7 +169,9 @@ impl OpParam {
             }
         }
         let v = h.finish();
-        ((v >> 32) as u32 ^ v as u32) & 0x7fff_ffff
+        let p2p = self.kind.is_p2p();
+        let tag = ((v >> 32) as u32 ^ v as u32) & (TAG_P2P - 1);
+        if p2p { tag | TAG_P2P } else { tag }
     }
 
     /// One-line description for logs and mismatch reports.
@@ -184,9 +196,14 @@ impl OpParam {
         s + &format!(") #{} on rank {}", self.seq, self.rank)
     }
 
-    /// The parameters as words, for publishing to peers without formatting on the hot path.
-    pub fn to_record(&self) -> [u64; 7] {
+    /// The parameters as words, for publishing to peers without formatting on the hot path, in
+    /// the layout the transport reads ([`ampccl_transport::device::OpRecord`]): `tag` (the
+    /// operation's [`OpParam::fingerprint`]), `collective` (its number among the
+    /// communicator's collectives, `None` for a send or receive), then the parameters.
+    pub fn to_record(&self, tag: u32, collective: Option<u64>) -> OpRecord {
         [
+            tag as u64,
+            collective.unwrap_or(NOT_COLLECTIVE),
             self.kind as u64,
             self.count as u64,
             self.dtype as u64,
@@ -199,7 +216,7 @@ impl OpParam {
 
     /// Describes a record made by [`OpParam::to_record`] (`None` if malformed).
     pub fn describe_record(r: &[u64]) -> Option<String> {
-        let &[kind, count, dtype, op, root, rank, seq] = r else {
+        let &[_tag, _collective, kind, count, dtype, op, root, rank, seq] = r else {
             return None;
         };
         let p = OpParam {

@@ -381,9 +381,12 @@ ampcclResult_t ampcclCommSplit(ampcclComm_t comm,
                                ampcclConfig_t *config);
 
 /**
- * Waits for the communicator's operations, releases it and frees the handle. NULL is
- * `ampcclInvalidArgument`; destroying a handle twice is undefined (as with NCCL); destroying
- * after `ampcclCommAbort` is fine.
+ * Waits for the communicator's operations, releases it and frees the handle. Returns
+ * `ampcclSuccess`, or the error of its operations that failed (the asynchronous error,
+ * e.g. `ampcclRemoteError` after a peer died, `ampcclTimeout`); the handle is freed in every
+ * case, also when an error is returned. NULL is `ampcclInvalidArgument`; destroying a handle
+ * twice is undefined (as with NCCL); destroying after `ampcclCommAbort` is fine and returns
+ * `ampcclSuccess`.
  *
  * # Safety
  * `comm` is NULL or a live handle, unused afterwards.

@@ -46,12 +46,23 @@ pub(crate) fn set_last_error(msg: &str) {
     LAST_ERROR.with(|l| *l.borrow_mut() = c);
 }
 
-/// Records and logs `e` raised by `func`; returns its code.
+/// Records `e` raised by `func` as the thread's last error and returns its code. A refused
+/// call (a bad argument or usage) is the caller's to handle, as with NCCL, which stays silent
+/// unless asked: it is logged at `info` only; a failure of the library or of a peer at `warn`.
 pub(crate) fn report(func: &str, e: &Error) -> ampcclResult_t {
     let msg = format!("{func}: {e}");
-    tracing::warn!("{msg}");
+    if refusal(e) {
+        tracing::info!("{msg}");
+    } else {
+        tracing::warn!("{msg}");
+    }
     set_last_error(&msg);
     code_of(e)
+}
+
+/// Whether `e` refuses a call (the caller's mistake) rather than reporting a failure.
+fn refusal(e: &Error) -> bool {
+    matches!(e, Error::InvalidArgument(_) | Error::InvalidUsage(_))
 }
 
 /// Runs the body of entry point `func`: maps its error to a code (recording the message), and a
@@ -82,10 +93,10 @@ pub(crate) fn describe(code: i32) -> &'static CStr {
     match code {
         0 => c"no error",
         1 => c"unhandled cuda error (not used by ampccl)",
-        2 => c"unhandled system error (run with AMPCCL_LOG=info for details)",
+        2 => c"unhandled system error (ampcclGetLastError has the details)",
         3 => c"internal error - please report this issue to the ampccl developers",
-        4 => c"invalid argument (run with AMPCCL_LOG=info for details)",
-        5 => c"invalid usage (run with AMPCCL_LOG=info for details)",
+        4 => c"invalid argument (ampcclGetLastError has the reason)",
+        5 => c"invalid usage (ampcclGetLastError has the reason)",
         6 => c"remote process exited or there was a network error",
         7 => c"operation in progress",
         8 => c"operation timed out (AMPCCL_TIMEOUT_S)",

@@ -33,7 +33,9 @@ fn unique_id_hex() -> String {
 }
 
 /// Runs `cmd` as `world` ranks and fails unless every one exits with 0.
-fn launch(world: usize, cmd: &[&str], extra_env: &[(&str, String)]) {
+/// Runs `cmd` as `world` ranks (an empty value in `extra_env` removes the variable) and returns
+/// each rank's standard error.
+fn launch(world: usize, cmd: &[&str], extra_env: &[(&str, String)]) -> Vec<String> {
     let hex = unique_id_hex();
     let mut children: Vec<_> = (0..world)
         .map(|r| {
@@ -47,7 +49,11 @@ fn launch(world: usize, cmd: &[&str], extra_env: &[(&str, String)]) {
                 .stdout(Stdio::piped())
                 .stderr(Stdio::piped());
             for (k, v) in extra_env {
-                c.env(k, v);
+                if v.is_empty() {
+                    c.env_remove(k);
+                } else {
+                    c.env(k, v);
+                }
             }
             c.spawn().expect("spawn a rank")
         })
@@ -71,15 +77,18 @@ fn launch(world: usize, cmd: &[&str], extra_env: &[(&str, String)]) {
         }
     }
     let mut report = String::new();
+    let mut stderr = Vec::new();
     for (r, child) in children.into_iter().enumerate() {
         let out = child.wait_with_output().expect("output");
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
         report += &format!(
-            "--- rank {r}\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
+            "--- rank {r}\n{}{err}",
+            String::from_utf8_lossy(&out.stdout)
         );
+        stderr.push(err);
     }
     assert!(failed.is_empty(), "ranks failed: {failed:?}\n{report}");
+    stderr
 }
 
 /// Compiles the C client once per test process.
@@ -109,6 +118,22 @@ fn c_client() -> PathBuf {
 fn run_c(world: usize) {
     let exe = c_client();
     launch(world, &[exe.to_str().expect("utf-8 path")], &[]);
+}
+
+/// The client's refused calls (null buffers, bad enums, a bad root, ...) write nothing to
+/// standard error under the default log filter, as NCCL is silent unless asked: the reason is
+/// in `ampcclGetLastError`, which the client checks.
+#[test]
+fn refused_calls_are_silent_by_default() {
+    let exe = c_client();
+    let stderr = launch(
+        2,
+        &[exe.to_str().expect("utf-8 path")],
+        &[("AMPCCL_LOG", String::new())],
+    );
+    for (rank, err) in stderr.iter().enumerate() {
+        assert!(err.trim().is_empty(), "rank {rank} logged:\n{err}");
+    }
 }
 
 #[test]

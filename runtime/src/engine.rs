@@ -12,10 +12,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crate::doorbell::Doorbell;
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::notify::Notify;
 use crate::stream::{Stream, StreamInner, lock};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, spin_hint};
 
@@ -28,9 +28,6 @@ pub const DEFAULT_SPIN: Duration = Duration::from_micros(5);
 const YIELD: Duration = Duration::from_millis(2);
 /// Longest sleep of an idle driver (bounds how late timeouts and health checks run).
 const MAX_SLEEP: Duration = Duration::from_millis(20);
-
-/// Extra check run on every progress pass (the communicator checks its peers' error flags).
-pub type HealthCheck = Box<dyn Fn() -> Result<()> + Send + Sync>;
 
 pub(crate) struct EngineInner {
     /// The driver role and the list of streams.
@@ -45,7 +42,6 @@ pub(crate) struct EngineInner {
     timeout: Duration,
     abort: Mutex<Option<Error>>,
     aborted: AtomicBool,
-    health: OnceLock<HealthCheck>,
     wakers: Mutex<Vec<Waker>>,
     has_wakers: AtomicBool,
     background: Mutex<Option<JoinHandle<()>>>,
@@ -70,7 +66,6 @@ impl Engine {
                 timeout,
                 abort: Mutex::new(None),
                 aborted: AtomicBool::new(false),
-                health: OnceLock::new(),
                 wakers: Mutex::new(Vec::new()),
                 has_wakers: AtomicBool::new(false),
                 background: Mutex::new(None),
@@ -106,12 +101,6 @@ impl Engine {
             spin.as_nanos().min(u64::MAX as u128) as u64,
             Ordering::Relaxed,
         );
-    }
-
-    /// Installs a check run on every progress pass; an error aborts the engine with it.
-    /// Only the first check installed counts.
-    pub fn set_health_check(&self, check: HealthCheck) {
-        let _ = self.inner.health.set(check);
     }
 
     /// Fails all queued and future work with `reason` and wakes every waiter.
@@ -190,13 +179,6 @@ impl EngineInner {
             let n: u64 = streams.iter().map(|s| s.fail_all(reason.clone())).sum();
             self.finished(n);
             return n > 0;
-        }
-        if let Some(check) = self.health.get()
-            && let Err(e) = check()
-        {
-            drop(streams);
-            self.abort_with(e);
-            return true;
         }
         let mut finished = 0;
         for s in streams.iter() {

@@ -123,7 +123,19 @@ impl StreamInner {
                         lock(&self.queue).push_front(item);
                         return (done, None);
                     }
-                    Err(e) => e,
+                    // What the check saw (a dead or failed peer, a peer waiting for something
+                    // else) happened after everything that peer wrote before it: one more poll
+                    // completes a task whose data did arrive in the meantime, so a peer that
+                    // fails right after finishing its part fails no one else's operation.
+                    Err(e) => match item.task.poll() {
+                        Poll::Ready(Ok(())) => {
+                            self.completed.fetch_add(1, Ordering::Release);
+                            done += 1;
+                            continue;
+                        }
+                        Poll::Ready(Err(again)) => again,
+                        Poll::Pending => e,
+                    },
                 },
             };
             return (done + self.fail(failed.clone()), Some(failed));

@@ -66,8 +66,9 @@ pub enum LinkOp {
 pub trait LinkDriver: Send + Sync {
     /// Advances `op`; `Ready` when it is complete.
     fn poll_op(&self, op: &mut LinkOp) -> Poll<Result<()>>;
-    /// Called by the engine while `op` has been pending for a while: report a dead peer etc.
-    fn check_health(&self) -> Result<()>;
+    /// Called by the engine while `op` has been pending for a while: report a dead peer, or a
+    /// peer whose operation cannot match this one.
+    fn check_health(&self, op: &LinkOp) -> Result<()>;
     /// Human-readable peer description for error messages ("rank 3 (pid 1234)").
     fn peer_desc(&self) -> String;
 }
@@ -228,7 +229,7 @@ impl Task {
     /// Reports a dead peer or similar while the task is stuck.
     pub(crate) fn check_health(&self) -> Result<()> {
         match self {
-            Task::Link { link, .. } => link.check_health(),
+            Task::Link { link, op } => link.check_health(op),
             _ => Ok(()),
         }
     }

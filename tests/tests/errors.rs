@@ -43,6 +43,33 @@ fn worker_entry() {
             let op = [ReduceOp::Sum, ReduceOp::Max][c.rank() % 2];
             c.all_reduce(&[1f32; 100], &mut [0f32; 100], op)
         }),
+        "mismatch_kind_small" => mismatch(|c| {
+            for n in [1usize, 16, 300] {
+                let send = vec![1f32; n];
+                if c.rank() == 0 {
+                    c.all_reduce(&send, &mut vec![0f32; n], ReduceOp::Sum)?;
+                } else {
+                    c.all_gather(&send, &mut vec![0f32; n * c.world()])?;
+                }
+            }
+            Ok(())
+        }),
+        "mismatch_reduce_root" => mismatch(|c| {
+            // Every rank thinks it is the root: on 2 ranks both wait to receive.
+            let root = c.rank();
+            for n in [4usize, 100_000] {
+                c.reduce(&vec![1f32; n], &mut vec![0f32; n], ReduceOp::Sum, root)?;
+            }
+            Ok(())
+        }),
+        "mismatch_recv_reduce" => mismatch(|c| {
+            // Rank 0 receives from rank 1, which runs a reduce rooted at itself: two receivers.
+            if c.rank() == 0 {
+                c.recv(&mut [0f32; 10], 1)
+            } else {
+                c.reduce(&[1f32; 10], &mut [0f32; 10], ReduceOp::Sum, 1)
+            }
+        }),
         "killed_rank_abort" => killed_rank(true, big_allreduce),
         "killed_rank_sigkill" => killed_rank(false, big_allreduce),
         "killed_rank_small_allgather" => killed_rank(true, |c| {
@@ -57,6 +84,7 @@ fn worker_entry() {
         "missing_peer" => missing_peer(),
         "stuck_peer" => stuck_peer(),
         "abort" => abort(),
+        "abort_after_completion" => abort_after_completion(),
         s => Err(format!("unknown scenario {s:?}")),
     });
 }
@@ -177,6 +205,36 @@ fn mismatch(call: impl Fn(&Communicator) -> ampccl::Result<()>) -> Outcome {
 /// A 4 MiB allreduce (the ring's and the pair's link waits).
 fn big_allreduce(c: &Communicator) -> ampccl::Result<()> {
     c.all_reduce_in_place(&mut vec![1f32; 1 << 20], ReduceOp::Max)
+}
+
+/// Rank 0 aborts its communicator right after a collective completed on it: the others' same
+/// collective, matched and complete as far as rank 0 is concerned, must complete too (a
+/// peer's failure fails only what still needs that peer). Many rounds, each on a fresh child
+/// communicator, at sizes of every protocol (eager, rendezvous, pipelined).
+fn abort_after_completion() -> Outcome {
+    let c = init_comm()?;
+    for round in 0..60 {
+        let child = c
+            .split(0, c.rank() as i32)
+            .map_err(err("split"))?
+            .ok_or("split gave no communicator")?;
+        let n = [1usize, 4 << 10, 1 << 20][round % 3];
+        let mut buf = vec![1f32; n];
+        let r = child.all_reduce_in_place(&mut buf, ReduceOp::Sum);
+        r.map_err(err(format!("round {round}: allreduce of {n} floats")))?;
+        if c.rank() == 0 {
+            child.abort();
+        } else {
+            child
+                .destroy()
+                .map_err(err(format!("round {round}: destroy")))?;
+        }
+        ensure(buf.iter().all(|&x| x == c.world() as f32), || {
+            format!("round {round}: wrong sum")
+        })?;
+        c.barrier().map_err(err("barrier"))?;
+    }
+    Ok(())
 }
 
 /// Rank 1 dies while the others loop over `op`: their pending call must fail with `Remote`
@@ -324,6 +382,31 @@ fn mismatch_dtype_w2() {
 }
 
 #[test]
+fn mismatch_kind_small_w2() {
+    quick(2, "mismatch_kind_small");
+}
+
+#[test]
+fn mismatch_kind_small_w3() {
+    quick(3, "mismatch_kind_small");
+}
+
+#[test]
+fn mismatch_reduce_root_w2() {
+    quick(2, "mismatch_reduce_root");
+}
+
+#[test]
+fn mismatch_reduce_root_w3() {
+    quick(3, "mismatch_reduce_root");
+}
+
+#[test]
+fn mismatch_recv_reduce_w2() {
+    quick(2, "mismatch_recv_reduce");
+}
+
+#[test]
 fn mismatch_op_w2() {
     quick(2, "mismatch_op");
 }
@@ -440,6 +523,16 @@ fn stuck_peer_w2() {
         .env("AMPCCL_TIMEOUT_S", "2")
         .deadline(Duration::from_secs(30))
         .run();
+}
+
+#[test]
+fn abort_after_completion_w2() {
+    quick(2, "abort_after_completion");
+}
+
+#[test]
+fn abort_after_completion_w3() {
+    quick(3, "abort_after_completion");
 }
 
 #[test]

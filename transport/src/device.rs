@@ -49,6 +49,15 @@ pub struct EagerHeader {
 /// receiver so instead of hanging it.
 pub const IMM_ERROR: u32 = 1 << 31;
 
+/// What a rank publishes about each operation it runs, for its peers' mismatch checks and
+/// messages: word 0 holds the operation's tag (its fingerprint), word 1 its number among the
+/// communicator's collectives ([`NOT_COLLECTIVE`] for a send or receive); the rest describes
+/// it for the communicator's formatter.
+pub type OpRecord = [u64; 9];
+
+/// Word 1 of a send's or receive's [`OpRecord`].
+pub const NOT_COLLECTIVE: u64 = u64::MAX;
+
 /// A one-sided communication device between the local rank and its peers.
 pub trait RmaDevice: Send + Sync {
     /// Depth of each clear-to-send FIFO (and completion ring).
@@ -135,8 +144,12 @@ pub trait RmaDevice: Send + Sync {
     fn peer_health(&self, peer: usize) -> Result<()>;
     /// "rank 3 (pid 1234)" for messages.
     fn peer_desc(&self, peer: usize) -> String;
-    /// The operation `peer` says it is running (for mismatch messages), if known.
-    fn peer_op(&self, peer: usize) -> Option<String>;
-    /// The operation the local rank is running, described as for peers, if known.
-    fn local_op(&self) -> Option<String>;
+    /// The records of the operations `peer` (`None`: this rank) ran, newest first, as far as
+    /// the device keeps them (empty where it cannot see them).
+    fn op_history(&self, peer: Option<usize>) -> Vec<OpRecord>;
+    /// The operation of `peer` with tag `tag` (else the newest it ran), described for mismatch
+    /// messages, if known.
+    fn peer_op(&self, peer: usize, tag: u32) -> Option<String>;
+    /// The local rank's operation with tag `tag`, described as for peers, if known.
+    fn local_op(&self, tag: u32) -> Option<String>;
 }

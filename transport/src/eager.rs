@@ -420,10 +420,13 @@ mod loom_tests {
         fn peer_desc(&self, peer: usize) -> String {
             format!("rank {peer}")
         }
-        fn peer_op(&self, _: usize) -> Option<String> {
+        fn op_history(&self, _: Option<usize>) -> Vec<crate::device::OpRecord> {
+            Vec::new()
+        }
+        fn peer_op(&self, _: usize, _: u32) -> Option<String> {
             None
         }
-        fn local_op(&self) -> Option<String> {
+        fn local_op(&self, _: u32) -> Option<String> {
             None
         }
     }

@@ -18,7 +18,7 @@ use ampccl_runtime::Result;
 use ampccl_runtime::stream::Stream;
 use ampccl_runtime::task::{CopyTo, LinkDriver, LinkOp, Task};
 
-use crate::device::RmaDevice;
+use crate::device::{NOT_COLLECTIVE, RmaDevice};
 use crate::eager;
 use crate::protocol::{self, SlotTracker};
 
@@ -31,11 +31,12 @@ struct Counters {
     waited: AtomicU32,
 }
 
-/// A posted eager receive, per FIFO slot: where `rx_wait_done` copies the message to. The
-/// message may arrive before the receive is posted, so `posted` (its sequence number + 1,
-/// stored last) tells `rx_wait_done` whether `dst` and `tag` are this receive's yet.
+/// A posted receive, per FIFO slot: its tag and, for an eager one, where `rx_wait_done` copies
+/// the message to. The message may arrive before the receive is posted, so `posted` (its
+/// sequence number + 1, stored last) tells `rx_wait_done` whether `dst` and `tag` are this
+/// receive's yet.
 #[derive(Default)]
-struct EagerRecv {
+struct PostedRecv {
     posted: AtomicU32,
     dst: AtomicPtr<u8>,
     tag: AtomicU32,
@@ -54,8 +55,8 @@ pub struct Link {
     rx_done: SlotTracker,
     /// Sends completed, per slot.
     tx_done: SlotTracker,
-    /// Eager receives posted, per slot.
-    eager_rx: Box<[EagerRecv]>,
+    /// Receives posted, per slot.
+    posted_rx: Box<[PostedRecv]>,
     /// Our copy of the peer's credit words (eager sends).
     credits: eager::Credits,
 }
@@ -73,7 +74,7 @@ impl Link {
             rx_acks: AtomicU32::new(0),
             rx_done: SlotTracker::new(depth),
             tx_done: SlotTracker::new(depth),
-            eager_rx: (0..depth).map(|_| EagerRecv::default()).collect(),
+            posted_rx: (0..depth).map(|_| PostedRecv::default()).collect(),
             credits: eager::Credits::new(depth),
         })
     }
@@ -206,6 +207,78 @@ impl Link {
     }
 }
 
+impl Link {
+    /// The posted-receive record of receive `seq`'s slot.
+    fn posted(&self, seq: u32) -> &PostedRecv {
+        &self.posted_rx[seq as usize % self.posted_rx.len()]
+    }
+
+    /// The tag of receive `seq`, once posted.
+    fn posted_tag(&self, seq: u32) -> Option<u32> {
+        let e = self.posted(seq);
+        (e.posted.load(Ordering::Acquire) == seq.wrapping_add(1))
+            .then(|| e.tag.load(Ordering::Relaxed))
+    }
+
+    /// Fails an operation stuck under `tag` when it is a collective and the peer ran a
+    /// different operation as the same collective (the same number among the communicator's
+    /// collectives, see [`crate::device::OpRecord`]): every rank runs its collectives in one order, so the
+    /// two can never match (ranks that disagree on a root, on a count, on the collective). A
+    /// peer that has not reached the collective yet says nothing.
+    fn check_same_collective(&self, tag: u32) -> Result<()> {
+        if tag & protocol::TAG_P2P != 0 {
+            return Ok(());
+        }
+        let Some(ours) = self
+            .dev
+            .op_history(None)
+            .into_iter()
+            .find(|r| r[0] as u32 == tag && r[1] != NOT_COLLECTIVE)
+        else {
+            return Ok(());
+        };
+        let theirs = self.dev.op_history(Some(self.peer));
+        match theirs.iter().find(|r| r[1] == ours[1]) {
+            Some(r) if r[0] as u32 != tag => Err(protocol::op_mismatch(
+                &*self.dev,
+                self.peer,
+                r[0] as u32,
+                tag,
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Fails receive `seq` when the peer is waiting for a message from this
+    /// rank that this rank has not even enqueued, under another operation's tag: both ranks
+    /// then wait to receive from each other and neither will send (ranks that disagree on a
+    /// reduce's root, a recv against a recv of another size). Between collectives, whose ranks
+    /// run their operations in one order, that is always a mismatch; two point-to-point tags
+    /// prove nothing (a group may send later on another lane), so only a tag of a collective
+    /// on either side counts ([`protocol::TAG_P2P`]).
+    fn check_crossed_receives(&self, seq: u32) -> Result<()> {
+        let Some(ours) = self.posted_tag(seq) else {
+            return Ok(());
+        };
+        let next_send = self.tx.issued.load(Ordering::Relaxed);
+        let slot = next_send as usize % self.dev.fifo_depth();
+        let Some(cts) = self
+            .dev
+            .poll_cts(self.peer, slot, protocol::idx_of(next_send))
+        else {
+            return Ok(());
+        };
+        let both_p2p = cts.tag & ours & protocol::TAG_P2P != 0;
+        if cts.tag == ours || both_p2p {
+            return Ok(());
+        }
+        // The peer posted this clear-to-send after finishing whatever it sent us before: the
+        // stream polls the receive once more before it takes this error, so a message that
+        // arrived in the meantime completes it.
+        Err(protocol::op_mismatch(&*self.dev, self.peer, cts.tag, ours))
+    }
+}
+
 impl LinkDriver for Link {
     fn poll_op(&self, op: &mut LinkOp) -> Poll<Result<()>> {
         let dev = &*self.dev;
@@ -220,12 +293,13 @@ impl LinkDriver for Link {
             }
             LinkOp::RxAsync { seq, dst, len, tag } => {
                 let free = self.rx_done.is_free(seq);
-                if !eager::is_eager(dev, len) {
-                    return protocol::post_recv(dev, self.peer, seq, free, dst, len, tag);
-                }
-                let r = eager::post_recv(dev, self.peer, seq, free, len, tag);
+                let r = if eager::is_eager(dev, len) {
+                    eager::post_recv(dev, self.peer, seq, free, len, tag)
+                } else {
+                    protocol::post_recv(dev, self.peer, seq, free, dst, len, tag)
+                };
                 if r.is_ready() {
-                    let e = &self.eager_rx[seq as usize % self.eager_rx.len()];
+                    let e = self.posted(seq);
                     e.dst.store(dst, Ordering::Relaxed);
                     e.tag.store(tag, Ordering::Relaxed);
                     e.posted.store(seq.wrapping_add(1), Ordering::Release);
@@ -288,7 +362,7 @@ impl LinkDriver for Link {
             }
             LinkOp::RxWaitDone { seq, len } => {
                 let r = if eager::is_eager(dev, len) {
-                    let e = &self.eager_rx[seq as usize % self.eager_rx.len()];
+                    let e = self.posted(seq);
                     if e.posted.load(Ordering::Acquire) != seq.wrapping_add(1) {
                         return Poll::Pending;
                     }
@@ -307,8 +381,20 @@ impl LinkDriver for Link {
         }
     }
 
-    fn check_health(&self) -> Result<()> {
-        self.dev.peer_health(self.peer)
+    fn check_health(&self, op: &LinkOp) -> Result<()> {
+        self.dev.peer_health(self.peer)?;
+        let tag = match *op {
+            LinkOp::RxWaitDone { seq, .. } => {
+                self.check_crossed_receives(seq)?;
+                self.posted_tag(seq)
+            }
+            LinkOp::TxAsync { tag, .. }
+            | LinkOp::RxAsync { tag, .. }
+            | LinkOp::Offer { tag, .. }
+            | LinkOp::Read { tag, .. } => Some(tag),
+            _ => None,
+        };
+        tag.map_or(Ok(()), |tag| self.check_same_collective(tag))
     }
 
     fn peer_desc(&self) -> String {

@@ -38,7 +38,7 @@ use crate::device::{CTS_READ, CtsEntry, IMM_ERROR, RmaDevice};
 /// Sequence numbers live in 31 bits (the top immediate bit is the error flag).
 const SEQ_MASK: u32 = !IMM_ERROR;
 
-pub(crate) fn idx_of(seq: u32) -> u32 {
+pub fn idx_of(seq: u32) -> u32 {
     seq.wrapping_add(1) & SEQ_MASK
 }
 
@@ -293,12 +293,18 @@ unsafe fn transfer(
     Poll::Ready(dev.write_imm(peer, slot, idx_of(seq), len as u64))
 }
 
+/// Tag bit of point-to-point operations (sends and receives), whose matching across ranks does
+/// not follow one operation order the way collectives' does; collectives' tags have it clear.
+pub const TAG_P2P: u32 = 1 << 30;
+
 /// The error for a peer running another operation (tags differ).
 pub(crate) fn op_mismatch(dev: &dyn RmaDevice, peer: usize, theirs: u32, ours: u32) -> Error {
     let theirs = dev
-        .peer_op(peer)
+        .peer_op(peer, theirs)
         .unwrap_or_else(|| format!("tag {theirs:#x}"));
-    let ours = dev.local_op().unwrap_or_else(|| format!("tag {ours:#x}"));
+    let ours = dev
+        .local_op(ours)
+        .unwrap_or_else(|| format!("tag {ours:#x}"));
     Error::InvalidUsage(format!(
         "operation mismatch: {} is running {theirs}, this rank is running {ours}",
         dev.peer_desc(peer)
@@ -661,10 +667,13 @@ mod loom_tests {
         fn peer_desc(&self, peer: usize) -> String {
             format!("rank {peer}")
         }
-        fn peer_op(&self, _: usize) -> Option<String> {
+        fn op_history(&self, _: Option<usize>) -> Vec<crate::device::OpRecord> {
+            Vec::new()
+        }
+        fn peer_op(&self, _: usize, _: u32) -> Option<String> {
             None
         }
-        fn local_op(&self) -> Option<String> {
+        fn local_op(&self, _: u32) -> Option<String> {
             None
         }
     }

@@ -208,10 +208,13 @@ impl RmaDevice for PairDevice {
     fn peer_desc(&self, peer: usize) -> String {
         format!("rank {peer}")
     }
-    fn peer_op(&self, _peer: usize) -> Option<String> {
+    fn op_history(&self, _: Option<usize>) -> Vec<crate::device::OpRecord> {
+        Vec::new()
+    }
+    fn peer_op(&self, _peer: usize, _tag: u32) -> Option<String> {
         None
     }
-    fn local_op(&self) -> Option<String> {
+    fn local_op(&self, _: u32) -> Option<String> {
         None
     }
 }

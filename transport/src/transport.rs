@@ -12,7 +12,7 @@ use ampccl_runtime::Result;
 use ampccl_runtime::doorbell::Doorbell;
 
 use crate::bootstrap::Bootstrap;
-use crate::device::RmaDevice;
+use crate::device::{OpRecord, RmaDevice};
 use crate::probe::{self, Provider};
 use crate::shm::{self, ShmConfig, ShmDevice};
 
@@ -33,8 +33,9 @@ pub trait Transport: RmaDevice {
     fn user_mem_links(&self) -> bool;
     /// Whether `len` bytes at `ptr` lie in memory the peers have mapped (shared user memory).
     fn is_shared_user_memory(&self, ptr: *const u8, len: usize) -> bool;
-    /// Publishes the record of the operation this rank runs (peers describe it on mismatch).
-    fn set_op(&self, record: &[u64]);
+    /// Publishes the record of the operation this rank runs (peers check it against theirs
+    /// and describe it on mismatch).
+    fn set_op(&self, record: &OpRecord);
     /// Sets how peers' operation records are described in errors (once).
     fn set_op_formatter(&self, f: OpFormatter);
     /// Marks this rank failed with `msg`, so that peers stop waiting for it.
@@ -87,7 +88,7 @@ impl Transport for ShmDevice {
     fn is_shared_user_memory(&self, ptr: *const u8, len: usize) -> bool {
         shm::shared::find(ptr, len).is_some()
     }
-    fn set_op(&self, record: &[u64]) {
+    fn set_op(&self, record: &OpRecord) {
         ShmDevice::set_op(self, record)
     }
     fn set_op_formatter(&self, f: OpFormatter) {

@@ -172,7 +172,12 @@ pub(crate) fn make_call(
         in_place,
         seq: 0,
     };
-    Ok(Call { p, input, output })
+    Ok(Call {
+        p,
+        collective: None,
+        input,
+        output,
+    })
 }
 
 /// A region of unknown length (C callers give no lengths): empty when `ptr` is null.

@@ -49,6 +49,10 @@ pub(crate) struct CommInner {
     /// Streams of group members (grown on demand).
     group_streams: Mutex<Vec<Stream>>,
     seq: AtomicU64,
+    /// Collectives issued so far: every rank runs them in one order, so the count names the
+    /// same operation on every rank (point-to-point calls do not count; see
+    /// [`OpParam::to_record`]).
+    collectives: AtomicU64,
     /// Where the next call's first receive slot in `CclIn` starts (see
     /// [`crate::steps::window`]); read and written by `orchestrate` under `link_table`'s lock.
     window_cursor: AtomicUsize,
@@ -127,8 +131,6 @@ impl Communicator {
             DEFAULT_SPIN
         };
         engine.set_spin(config.spin.unwrap_or(default_spin));
-        let health = transport.clone();
-        engine.set_health_check(Box::new(move || health.check_peers_failed()));
         let default_stream = engine.stream();
         if rank == 0 {
             tracing::info!("communicator of {world} ranks: {config:?}");
@@ -149,6 +151,7 @@ impl Communicator {
                 last: Mutex::new(None),
                 group_streams: Mutex::new(Vec::new()),
                 seq: AtomicU64::new(0),
+                collectives: AtomicU64::new(0),
                 window_cursor: AtomicUsize::new(0),
                 failed: AtomicBool::new(false),
                 host,
@@ -202,7 +205,7 @@ impl Communicator {
     /// Stops everything: queued and running operations fail with `Aborted`, peers are told
     /// this rank failed (their waits on it end with an error), and no later operation runs.
     pub fn abort(&self) {
-        self.inner.fail("aborted by the application");
+        self.inner.mark_failed("aborted by the application", false);
         self.inner
             .engine
             .abort(Error::Aborted("communicator aborted".into()));
@@ -283,8 +286,12 @@ impl Communicator {
             ));
         }
         for call in calls.iter_mut() {
-            call.p.seq = c.seq.fetch_add(1, Ordering::Relaxed);
             operator::for_kind(call.p.kind).validate(&call.p)?;
+        }
+        for call in calls.iter_mut() {
+            call.p.seq = c.seq.fetch_add(1, Ordering::Relaxed);
+            call.collective =
+                (!call.p.kind.is_p2p()).then(|| c.collectives.fetch_add(1, Ordering::Relaxed));
         }
         let mut last = c.last.lock().unwrap_or_else(|e| e.into_inner());
         let prior = last
@@ -335,6 +342,9 @@ impl Communicator {
 /// A validated operation: its parameters and buffers.
 pub(crate) struct Call {
     pub p: OpParam,
+    /// The collective's number among this communicator's collectives (set at submission;
+    /// `None` for sends and receives).
+    pub collective: Option<u64>,
     pub input: Region,
     pub output: Region,
 }
@@ -378,7 +388,8 @@ impl CommInner {
             input: shared(call.input),
             output: shared(call.output),
         };
-        self.transport.set_op(&p.to_record());
+        self.transport
+            .set_op(&p.to_record(plan.fingerprint, call.collective));
         let links = self.link_table.lock().unwrap_or_else(|e| e.into_inner());
         let mut sink = StreamSink {
             main: stream,
@@ -415,8 +426,18 @@ impl CommInner {
 
     /// Marks the communicator failed and tells the peers.
     pub(crate) fn fail(&self, msg: &str) {
+        self.mark_failed(msg, true);
+    }
+
+    /// Marks the communicator failed and tells the peers; `log`: say so at error level (an
+    /// application's own abort is no error of the library's and is only logged at `info`).
+    fn mark_failed(&self, msg: &str, log: bool) {
         if !self.failed.swap(true, Ordering::AcqRel) {
-            tracing::error!("rank {}: {msg}", self.rank);
+            if log {
+                tracing::error!("rank {}: {msg}", self.rank);
+            } else {
+                tracing::info!("rank {}: {msg}", self.rank);
+            }
             self.transport.mark_failed(msg);
         }
     }

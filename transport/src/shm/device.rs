@@ -16,7 +16,7 @@ use ampccl_runtime::{Error, Result};
 
 use super::layout::*;
 use super::segment::Segment;
-use crate::device::{CtsEntry, EagerHeader, IMM_ERROR, RmaDevice};
+use crate::device::{CtsEntry, EagerHeader, IMM_ERROR, OpRecord, RmaDevice};
 use crate::shm::cma;
 use crate::shm::shared::{self, PeerMaps};
 
@@ -124,8 +124,8 @@ impl ShmDevice {
 
     /// Publishes a compact record of the operation this rank is running (binary, so it costs
     /// a few stores per operation; peers format it only when reporting a mismatch).
-    pub fn set_op(&self, record: &[u64]) {
-        self.views[self.rank].put_words(H_OP, record);
+    pub fn set_op(&self, record: &OpRecord) {
+        self.views[self.rank].put_op(H_OP, record);
     }
 
     /// Marks this rank failed so peers stop waiting for it.
@@ -462,13 +462,18 @@ impl RmaDevice for ShmDevice {
         format!("rank {peer} (pid {})", self.pids[peer])
     }
 
-    fn peer_op(&self, peer: usize) -> Option<String> {
-        let record = self.views[peer].get_words(H_OP)?;
-        self.op_formatter.get().and_then(|f| f(&record))
+    fn op_history(&self, peer: Option<usize>) -> Vec<OpRecord> {
+        self.views[peer.unwrap_or(self.rank)].ops(H_OP)
     }
 
-    fn local_op(&self) -> Option<String> {
-        self.peer_op(self.rank)
+    fn peer_op(&self, peer: usize, tag: u32) -> Option<String> {
+        let ops = self.op_history(Some(peer));
+        let record = ops.iter().find(|r| r[0] as u32 == tag).or(ops.first())?;
+        self.op_formatter.get().and_then(|f| f(record))
+    }
+
+    fn local_op(&self, tag: u32) -> Option<String> {
+        self.peer_op(self.rank, tag)
     }
 }
 

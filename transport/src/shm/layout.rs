@@ -16,7 +16,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use crate::device::CtsEntry;
+use crate::device::{CtsEntry, OpRecord};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"ampcclsh");
 pub const VERSION: u32 = 2;
@@ -34,12 +34,19 @@ pub const H_FAILED: usize = 128;
 /// `ShmDevice::access`).
 pub const H_USER_ACCESSES: usize = 160;
 pub const H_PROBE: usize = 192;
-/// Seqlock-protected text areas: a sequence word followed by the bytes.
+/// Seqlock-protected areas: a sequence word followed by the words. `H_OP` holds the history
+/// of the operations this rank ran ([`View::put_op`]), `H_FAIL_MSG` a text.
 pub const H_OP: usize = 256;
 pub const H_FAIL_MSG: usize = 1024;
 pub const TEXT_LEN: usize = 504;
 /// 64-bit words a seqlock area holds.
 const MAX_WORDS: usize = (TEXT_LEN - 8) / 8;
+/// Words of one operation record in the history at `H_OP`.
+const OP_WORDS: usize = size_of::<OpRecord>() / 8;
+/// Operation records the history keeps: enough that a peer which ran ahead of a mismatch by a
+/// few operations is still described by the operation that mismatched.
+pub const OP_HISTORY: usize = MAX_WORDS / OP_WORDS;
+const _: () = assert!(OP_HISTORY >= 4);
 
 const CTS_SIZE: usize = 32;
 const IMM_SIZE: usize = 16;
@@ -184,6 +191,46 @@ impl View {
         None
     }
 
+    /// Appends an operation record to the history at `off`, a seqlock area whose length word
+    /// counts the records ever written; the oldest of [`OP_HISTORY`] is overwritten.
+    pub fn put_op(&self, off: usize, record: &OpRecord) {
+        let seq = self.u32(off);
+        let s = seq.load(Ordering::Relaxed);
+        seq.store(s.wrapping_add(1), Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Release);
+        let count = self.u32(off + 4).load(Ordering::Relaxed);
+        let at = off + 8 + (count as usize % OP_HISTORY) * OP_WORDS * 8;
+        for (i, w) in record.iter().enumerate() {
+            self.u64(at + i * 8).store(*w, Ordering::Relaxed);
+        }
+        self.u32(off + 4)
+            .store(count.wrapping_add(1), Ordering::Relaxed);
+        seq.store(s.wrapping_add(2), Ordering::Release);
+    }
+
+    /// The records of the history at `off`, newest first (empty if none was written or the
+    /// area was torn twice while read).
+    pub fn ops(&self, off: usize) -> Vec<OpRecord> {
+        for _ in 0..2 {
+            let s1 = self.u32(off).load(Ordering::Acquire);
+            if s1 == 0 || s1 % 2 == 1 {
+                continue;
+            }
+            let count = self.u32(off + 4).load(Ordering::Relaxed) as usize;
+            let records: Vec<OpRecord> = (0..count.min(OP_HISTORY))
+                .map(|back| {
+                    let at = off + 8 + ((count - 1 - back) % OP_HISTORY) * OP_WORDS * 8;
+                    std::array::from_fn(|i| self.u64(at + i * 8).load(Ordering::Relaxed))
+                })
+                .collect();
+            std::sync::atomic::fence(Ordering::Acquire);
+            if self.u32(off).load(Ordering::Relaxed) == s1 {
+                return records;
+            }
+        }
+        Vec::new()
+    }
+
     /// Writes `text` (truncated, zero-padded to whole words; first word = byte length).
     pub fn put_text(&self, off: usize, text: &str) {
         let bytes = &text.as_bytes()[..text.len().min((MAX_WORDS - 1) * 8)];
@@ -202,5 +249,31 @@ impl View {
         let (len, rest) = words.split_first()?;
         let bytes: Vec<u8> = rest.iter().flat_map(|w| w.to_le_bytes()).collect();
         Some(String::from_utf8_lossy(&bytes[..(*len as usize).min(bytes.len())]).into_owned())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The history keeps the newest `OP_HISTORY` records, newest first.
+    #[test]
+    fn the_operation_history_keeps_the_newest_records() {
+        let mut mem = vec![0u64; 1024];
+        let v = View {
+            base: mem.as_mut_ptr().cast(),
+            len: mem.len() * 8,
+        };
+        assert!(v.ops(H_OP).is_empty());
+        let record = |n: u64| -> OpRecord { std::array::from_fn(|i| n * 100 + i as u64) };
+        let total = OP_HISTORY as u64 + 3;
+        for n in 0..total {
+            v.put_op(H_OP, &record(n));
+        }
+        let newest: Vec<OpRecord> = (0..OP_HISTORY as u64)
+            .map(|k| record(total - 1 - k))
+            .collect();
+        assert_eq!(v.ops(H_OP), newest);
+        assert!(H_OP + 8 + OP_HISTORY * OP_WORDS * 8 <= H_OP + TEXT_LEN);
     }
 }
