@@ -70,7 +70,15 @@ impl MpConfig {
         c.param_file = get("AMPCCL_PARAM_FILE")
             .filter(|s| !s.is_empty())
             .map(PathBuf::from);
-        c.report = get("AMPCCL_REPORT").is_some_and(|v| v.trim() == "1");
+        c.report = match get("AMPCCL_REPORT").as_deref().map(str::trim) {
+            None | Some("" | "0") => false,
+            Some("1") => true,
+            Some(v) => {
+                return Err(Error::InvalidArgument(format!(
+                    "AMPCCL_REPORT={v:?}: expected 0 or 1"
+                )));
+            }
+        };
         tracing::debug!(?c, "multipath config");
         Ok(c)
     }

@@ -19,11 +19,13 @@
 
 use std::sync::OnceLock;
 
+use ampccl_runtime::param::{Param, Unit};
+
 use ampccl_multipath::config::{CONTROLLER_VAR, MpConfig};
 use ampccl_multipath::planner::PlannerRules;
 
 /// The interposer's settings.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Settings {
     pub pcie: bool,
     /// Controller, parameter file, report.
@@ -41,9 +43,16 @@ pub fn enabled() -> bool {
     *ENABLED.get_or_init(|| enable_from(|k| std::env::var(k).ok()))
 }
 
-/// `AMPCCL_ENABLE` from a variable lookup: on unless it is `0`.
+/// `AMPCCL_ENABLE` (0 or 1) from a variable lookup.
 fn enable_from(get: impl Fn(&str) -> Option<String>) -> bool {
-    get("AMPCCL_ENABLE").is_none_or(|v| v.trim() != "0")
+    static ENABLE: Param = Param::new(
+        "ENABLE",
+        1,
+        (0, 1),
+        Unit::Count,
+        "0: pass every call through",
+    );
+    knob(&ENABLE, &get) == 1
 }
 
 /// The settings (read once).
@@ -57,25 +66,65 @@ pub fn settings() -> &'static Settings {
     })
 }
 
+/// The interposer's numeric knobs, range-checked like the library's tuned parameters (a value
+/// outside the range is logged with the range and the default kept: the interposer never
+/// makes an NCCL program fail).
+static CHUNK_SIZE: Param = Param::new(
+    "CHUNK_SIZE",
+    4 << 20,
+    (4 << 10, 1 << 30),
+    Unit::Bytes,
+    "pipeline chunk (staging slot) per rank",
+);
+static MIN_MSG_SIZE: Param = Param::new(
+    "MIN_MSG_SIZE",
+    256 << 20,
+    (0, 1 << 50),
+    Unit::Bytes,
+    "calls moving fewer bytes are not split",
+);
+static ALIGN: Param = Param::new(
+    "ALIGN",
+    4096,
+    (1, 1 << 30),
+    Unit::Bytes,
+    "the PCIe part is a multiple of this many bytes",
+);
+static MIN_CHUNK_SIZE: Param = Param::new(
+    "MIN_CHUNK_SIZE",
+    1 << 20,
+    (0, 1 << 50),
+    Unit::Bytes,
+    "PCIe parts smaller than this stay on NCCL",
+);
+static SLOTS: Param = Param::new("SLOTS", 4, (2, 64), Unit::Count, "staging slots per rank");
+static ENABLE_PCIE: Param = Param::new("ENABLE_PCIE", 1, (0, 1), Unit::Count, "0: never split");
+
+/// `p`'s value from `get`, or its default with a warning that names the accepted range.
+fn knob(p: &Param, get: &impl Fn(&str) -> Option<String>) -> u64 {
+    p.parse(get(&p.var()).as_deref())
+        .unwrap_or_else(|e| {
+            tracing::warn!("{e}; using the default {}", p.default);
+            None
+        })
+        .unwrap_or(p.default)
+}
+
 impl Settings {
-    /// Settings from a variable lookup; unparsable values fall back to the default with a
-    /// warning.
+    /// Settings from a variable lookup; values that do not parse or lie outside their range
+    /// fall back to the default with a warning.
     pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Settings {
-        let d = PlannerRules::default();
-        let size = |k: &str, def: usize| get(k).map_or(def, |v| parse_size(k, &v).unwrap_or(def));
-        let chunk = size("AMPCCL_CHUNK_SIZE", 4 << 20)
-            .next_multiple_of(4096)
-            .max(4096);
+        let bytes = |p: &Param| knob(p, &get) as usize;
         Settings {
-            pcie: get("AMPCCL_ENABLE_PCIE").is_none_or(|v| v.trim() != "0"),
+            pcie: knob(&ENABLE_PCIE, &get) == 1,
             mp: multipath(&get),
             rules: PlannerRules {
-                min_msg_bytes: size("AMPCCL_MIN_MSG_SIZE", d.min_msg_bytes),
-                align_bytes: size("AMPCCL_ALIGN", d.align_bytes).max(1),
-                min_pcie_bytes: size("AMPCCL_MIN_CHUNK_SIZE", d.min_pcie_bytes),
+                min_msg_bytes: bytes(&MIN_MSG_SIZE),
+                align_bytes: bytes(&ALIGN),
+                min_pcie_bytes: bytes(&MIN_CHUNK_SIZE),
             },
-            chunk_bytes: chunk,
-            slots: size("AMPCCL_SLOTS", 4).clamp(2, 64),
+            chunk_bytes: bytes(&CHUNK_SIZE).next_multiple_of(4096),
+            slots: bytes(&SLOTS),
             fault: get("AMPCCL_INJECT_FAULT").and_then(|v| {
                 let parsed = v
                     .split_once(':')
@@ -106,21 +155,6 @@ fn multipath(get: &impl Fn(&str) -> Option<String>) -> MpConfig {
     mp
 }
 
-fn parse_size(key: &str, v: &str) -> Option<usize> {
-    let v = v.trim();
-    let (num, mult) = match v.chars().last() {
-        Some('K' | 'k') => (&v[..v.len() - 1], 1usize << 10),
-        Some('M' | 'm') => (&v[..v.len() - 1], 1 << 20),
-        Some('G' | 'g') => (&v[..v.len() - 1], 1 << 30),
-        _ => (v, 1),
-    };
-    let n = num.parse::<usize>().ok().and_then(|n| n.checked_mul(mult));
-    if n.is_none() {
-        tracing::warn!("{key}={v:?} is not a size; using the default");
-    }
-    n
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,7 +171,7 @@ mod tests {
             "AMPCCL_ALPHA" => Some("0.5".into()),
             "AMPCCL_MIN_MSG_SIZE" => Some("1M".into()),
             "AMPCCL_CHUNK_SIZE" => Some("5000".into()),
-            "AMPCCL_SLOTS" => Some("1".into()),
+            "AMPCCL_SLOTS" => Some("3".into()),
             "AMPCCL_INJECT_FAULT" => Some("1:3".into()),
             _ => None,
         };
@@ -146,11 +180,23 @@ mod tests {
         assert_eq!(s.mp.algo, "static:0.5");
         assert_eq!(s.rules.min_msg_bytes, 1 << 20);
         assert_eq!(s.chunk_bytes, 8192, "rounded up to pages");
-        assert_eq!(s.slots, 2, "at least double buffering");
+        assert_eq!(s.slots, 3);
         assert_eq!(
             (Settings::from_lookup(|_| None).fault, s.fault),
             (None, Some((1, 3)))
         );
+        // Out of range or garbage: the default (with a warning naming the range).
+        for (k, v) in [
+            ("AMPCCL_SLOTS", "1"),
+            ("AMPCCL_SLOTS", "1e9"),
+            ("AMPCCL_CHUNK_SIZE", "1T"),
+            ("AMPCCL_CHUNK_SIZE", "-4"),
+            ("AMPCCL_ENABLE_PCIE", "yes"),
+        ] {
+            let s = Settings::from_lookup(|key| (key == k).then(|| v.to_string()));
+            assert_eq!(s, Settings::from_lookup(|_| None), "{k}={v}");
+        }
+        assert!(enable_from(|k| (k == "AMPCCL_ENABLE").then(|| "2".into())));
         let fault = Settings::from_lookup(|k| (k == "AMPCCL_INJECT_FAULT").then(|| "x".into()));
         assert_eq!(fault.fault, None, "unparsable: ignored");
         let bad = Settings::from_lookup(|k| (k == "AMPCCL_ALPHA").then(|| "2".to_string()));
