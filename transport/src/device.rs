@@ -1,7 +1,7 @@
 //! The one-sided "RMA device" interface the receiver-driven protocol runs over.
 //!
 //! A device connects the local rank to every peer of a communicator and offers what an RDMA
-//! NIC offers (seed 004): memory a peer may write into is named by `(key, addr)`; a one-sided
+//! NIC offers: memory a peer may write into is named by `(key, addr)`; a one-sided
 //! write; a write-with-immediate whose immediate and length land in the receiver's completion
 //! slot; and the clear-to-send FIFO, which the receiver fills in the sender's memory with one
 //! remote write. A clear-to-send may instead offer the poster's memory for the peer to read (a

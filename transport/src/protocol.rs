@@ -1,4 +1,4 @@
-//! The receiver-driven point-to-point protocol (NCCL's IB transport, seed 004), once, over any
+//! The receiver-driven point-to-point protocol (NCCL's IB transport), once, over any
 //! [`RmaDevice`].
 //!
 //! - receive number `seq`: the receiver names its buffer and posts a clear-to-send entry

@@ -1,4 +1,4 @@
-//! `Recv`: the receiving half of a point-to-point transfer (seed 001's chunked loop).
+//! `Recv`: the receiving half of a point-to-point transfer (HCCL's chunked loop through the CCL buffer).
 //!
 //! Chunks of half the CCL input buffer, the same as [`crate::algorithms::send`] computes. For
 //! each chunk: ack the sender (the slot is free), post the receive into slot `c % 2` of

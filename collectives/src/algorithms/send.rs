@@ -1,4 +1,4 @@
-//! `Send`: the sending half of a point-to-point transfer (seed 001's chunked loop).
+//! `Send`: the sending half of a point-to-point transfer (HCCL's chunked loop through the CCL buffer).
 //!
 //! The message goes in chunks of half the CCL input buffer — the receiver's slots, so both
 //! sides derive the same chunking from the byte count and the buffer size (see

@@ -1,5 +1,5 @@
-//! AllGather operator: mesh (every rank writes to every peer at once, the source documents'
-//! example) while the whole output fits the CCL buffer and messages are small; beyond that the
+//! AllGather operator: mesh (every rank writes to every peer at once, HCCL's main-and-side-streams
+//! pattern) while the whole output fits the CCL buffer and messages are small; beyond that the
 //! pair on 2 ranks with a core each, the ring otherwise.
 
 use ampccl_runtime::param::{Param, Unit};

@@ -1,4 +1,4 @@
-//! Send and Recv operators: the chunked loop through the CCL buffer (seed 001).
+//! Send and Recv operators: the chunked loop through the CCL buffer (HCCL's send/receive loop).
 
 use crate::algorithms::{recv, send};
 use crate::executor::{Operator, SelectCtx};
