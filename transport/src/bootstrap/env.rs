@@ -4,13 +4,13 @@
 //! Everything reads variables through a lookup closure (`|k| std::env::var(k).ok()` in
 //! production) so that tests never touch the process-global environment.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, ToSocketAddrs};
 use std::time::Duration;
 
 use ampccl_runtime::{Error, Result};
 
 use super::unique_id::{Token, UniqueId};
-use super::{DEFAULT_TIMEOUT, TIMEOUT_MAX_S, root, wire};
+use super::{DEFAULT_TIMEOUT, MAX_RANKS, TIMEOUT_MAX_S, root, wire};
 
 fn var(lookup: &dyn Fn(&str) -> Option<String>, name: &str) -> Option<String> {
     lookup(name)
@@ -93,16 +93,46 @@ pub(crate) fn bootstrap_addr_from(lookup: &dyn Fn(&str) -> Option<String>) -> Re
         })
 }
 
+/// Variables that name the job, looked for in this order; the first one set (and, for
+/// `TORCHELASTIC_RUN_ID`, not torchrun's default `none`) keys the derived token of `MASTER_ADDR`
+/// mode. Each is the same on every rank of one job and differs between jobs:
+/// `AMPCCL_TOKEN` (set by the user), `TORCHELASTIC_RUN_ID` (torchrun's `--rdzv-id`, a fresh
+/// UUID with `--standalone`), `SLURM_JOB_ID` (Slurm), `PMIX_NAMESPACE` (PMIx launchers: Open
+/// MPI 5 / PRRTE, Slurm with `--mpi=pmix`), `OMPI_MCA_orte_hnp_uri` (Open MPI up to 4: the job
+/// family of `mpirun`), `LSB_JOBID` (LSF), `PBS_JOBID` (PBS / Torque), `FLUX_JOB_ID` (Flux).
+pub const JOB_ID_VARS: &[&str] = &[
+    "AMPCCL_TOKEN",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_JOB_ID",
+    "PMIX_NAMESPACE",
+    "OMPI_MCA_orte_hnp_uri",
+    "LSB_JOBID",
+    "PBS_JOBID",
+    "FLUX_JOB_ID",
+];
+
+/// The first of [`JOB_ID_VARS`] that is set: (name, value).
+fn job_id(lookup: &dyn Fn(&str) -> Option<String>) -> Option<(&'static str, String)> {
+    JOB_ID_VARS.iter().find_map(|&name| {
+        var(lookup, name)
+            // torchrun's default `--rdzv-id`: the same for every job.
+            .filter(|v| !(name == "TORCHELASTIC_RUN_ID" && v == "none"))
+            .map(|v| (name, v))
+    })
+}
+
 /// How [`Bootstrap::from_env`](super::Bootstrap::from_env) finds the rendezvous.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rendezvous {
     /// `AMPCCL_UNIQUE_ID` was set.
     UniqueId(UniqueId),
-    /// torchrun style; rank 0 hosts the root on `port`.
+    /// torchrun style; rank 0 hosts the root on `addr:port`.
     Master {
         addr: String,
         port: u16,
         token: Token,
+        /// Which of [`JOB_ID_VARS`] keyed the token, if any.
+        job_id_from: Option<&'static str>,
     },
 }
 
@@ -123,6 +153,12 @@ impl EnvConfig {
         let lookup: &dyn Fn(&str) -> Option<String> = &lookup;
         let rank: usize = required(lookup, &["AMPCCL_RANK", "RANK"])?;
         let world: usize = required(lookup, &["AMPCCL_WORLD_SIZE", "WORLD_SIZE"])?;
+        if world == 0 || world > MAX_RANKS {
+            return Err(Error::InvalidArgument(format!(
+                "environment variable WORLD_SIZE (or AMPCCL_WORLD_SIZE) = {world} is out of \
+                 range (1..={MAX_RANKS})"
+            )));
+        }
         let local_rank = num_var(lookup, &["AMPCCL_LOCAL_RANK", "LOCAL_RANK"])?;
         let rendezvous = if let Some(hex) = var(lookup, "AMPCCL_UNIQUE_ID") {
             let id = UniqueId::from_hex(&hex).map_err(|e| {
@@ -136,9 +172,8 @@ impl EnvConfig {
                 )
             })?;
             let port: u16 = required(lookup, &["MASTER_PORT"])?;
-            let secret = var(lookup, "AMPCCL_TOKEN")
-                .or_else(|| var(lookup, "TORCHELASTIC_RUN_ID"))
-                .unwrap_or_default();
+            let job = job_id(lookup);
+            let secret = job.as_ref().map_or("", |(_, v)| v.as_str());
             let token = wire::fnv1a128(&[
                 b"ampccl-bootstrap-v1",
                 addr.as_bytes(),
@@ -146,7 +181,12 @@ impl EnvConfig {
                 world.to_string().as_bytes(),
                 secret.as_bytes(),
             ]);
-            Rendezvous::Master { addr, port, token }
+            Rendezvous::Master {
+                addr,
+                port,
+                token,
+                job_id_from: job.map(|(name, _)| name),
+            }
         };
         Ok(EnvConfig {
             rank,
@@ -159,12 +199,18 @@ impl EnvConfig {
 
 impl EnvConfig {
     /// The id to join: the given one, or in `Master` mode the root address `MASTER_ADDR:MASTER_PORT`
-    /// with the derived token. Rank 0 in `Master` mode also binds the root (on the wildcard address
-    /// of `MASTER_ADDR`'s family) and starts its thread, which lives at most `timeout`.
+    /// with the derived token. Rank 0 in `Master` mode also binds the root on that address (the
+    /// one `MASTER_ADDR` resolves to, not the wildcard) and starts its thread, which lives at
+    /// most `timeout`.
     pub fn unique_id(&self, timeout: Duration) -> Result<UniqueId> {
         match &self.rendezvous {
             Rendezvous::UniqueId(id) => Ok(*id),
-            Rendezvous::Master { addr, port, token } => {
+            Rendezvous::Master {
+                addr,
+                port,
+                token,
+                job_id_from,
+            } => {
                 let target = (addr.as_str(), *port)
                     .to_socket_addrs()
                     .ok()
@@ -174,20 +220,84 @@ impl EnvConfig {
                             "environment variable MASTER_ADDR={addr:?} does not resolve"
                         ))
                     })?;
+                log_job_id_once(self.rank, *job_id_from);
                 if self.rank == 0 {
-                    let any = match target.ip() {
-                        IpAddr::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-                        IpAddr::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-                    };
-                    let listener = TcpListener::bind((any, *port)).map_err(|e| {
-                        Error::system(format!("bootstrap root: bind MASTER_PORT {port}"), e)
-                    })?;
+                    let listener = bind_master(addr, target)?;
                     drop(root::spawn_root(listener, *token, timeout)?);
                 }
                 Ok(UniqueId::new(target, *token))
             }
         }
     }
+
+    /// What keys the rendezvous token, for error messages (`MASTER_ADDR` mode).
+    pub(crate) fn token_origin(&self) -> Option<String> {
+        let Rendezvous::Master {
+            addr,
+            port,
+            job_id_from,
+            ..
+        } = &self.rendezvous
+        else {
+            return None;
+        };
+        let job = match job_id_from {
+            Some(name) => format!("the job id in {name}"),
+            None => {
+                "no job id (none of AMPCCL_TOKEN, TORCHELASTIC_RUN_ID, SLURM_JOB_ID, ... is set)"
+                    .into()
+            }
+        };
+        Some(format!(
+            "this rank's token comes from MASTER_ADDR={addr}, MASTER_PORT={port}, WORLD_SIZE={} \
+             and {job}",
+            self.world
+        ))
+    }
+}
+
+/// Says once per process whether a job id keys the `MASTER_ADDR` rendezvous token: without one,
+/// two jobs that reuse `MASTER_ADDR:MASTER_PORT` with the same world size could mix.
+fn log_job_id_once(rank: usize, job_id_from: Option<&'static str>) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| match job_id_from {
+        Some(name) => tracing::debug!(rank, "bootstrap: rendezvous token keyed by {name}"),
+        None if rank == 0 => tracing::warn!(
+            "bootstrap: no job id for the MASTER_ADDR rendezvous (none of {} is set): ranks of \
+             two jobs reusing MASTER_ADDR:MASTER_PORT would be told apart only by WORLD_SIZE; \
+             set AMPCCL_TOKEN to a value unique to the job on every rank",
+            JOB_ID_VARS.join(", ")
+        ),
+        None => tracing::info!(
+            rank,
+            "bootstrap: no job id for the MASTER_ADDR rendezvous: ranks of two jobs reusing \
+             MASTER_ADDR:MASTER_PORT would be told apart only by WORLD_SIZE"
+        ),
+    });
+}
+
+/// Binds the root of `MASTER_ADDR` mode on `target`, the address `MASTER_ADDR` resolved to.
+fn bind_master(addr: &str, target: SocketAddr) -> Result<TcpListener> {
+    if target.ip().is_loopback() && addr.parse::<IpAddr>().is_err() && addr != "localhost" {
+        tracing::warn!(
+            "bootstrap: MASTER_ADDR={addr} resolves to the loopback address {} on rank 0's \
+             host: the rendezvous root listens there only, so ranks on other hosts cannot reach \
+             it; set MASTER_ADDR to an address of rank 0's host that they can reach",
+            target.ip()
+        );
+    }
+    TcpListener::bind(target).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AddrInUse => Error::InvalidUsage(format!(
+            "bootstrap root: MASTER_ADDR:MASTER_PORT {target} is already in use (another job's \
+             rendezvous root, or another program); a second job needs its own MASTER_PORT"
+        )),
+        std::io::ErrorKind::AddrNotAvailable => Error::InvalidUsage(format!(
+            "bootstrap root: MASTER_ADDR={addr} resolves to {}, which is not an address of this \
+             host; rank 0 hosts the rendezvous root, so MASTER_ADDR must name rank 0's host",
+            target.ip()
+        )),
+        _ => Error::system(format!("bootstrap root: bind {target} (MASTER_ADDR)"), e),
+    })
 }
 
 #[cfg(test)]
@@ -284,6 +394,30 @@ mod tests {
         };
         assert_ne!(token, t2);
         assert_eq!(base(&[]).unwrap(), cfg, "token is deterministic");
+        // Launcher job ids key the token; the first of JOB_ID_VARS that is set wins, and
+        // torchrun's default run id `none` is no job id.
+        let token_of = |extra: &[(&str, &str)]| match base(extra).unwrap().rendezvous {
+            Rendezvous::Master {
+                token, job_id_from, ..
+            } => (token, job_id_from),
+            r => panic!("{r:?}"),
+        };
+        assert_eq!(token_of(&[]), (token, None));
+        assert_eq!(token_of(&[("TORCHELASTIC_RUN_ID", "none")]), (token, None));
+        for name in JOB_ID_VARS {
+            let (t, from) = token_of(&[(name, "42")]);
+            assert_ne!(t, token, "{name}");
+            assert_eq!(from, Some(*name));
+            assert_ne!(token_of(&[(name, "43")]).0, t, "{name}");
+        }
+        assert_eq!(
+            token_of(&[("AMPCCL_TOKEN", "job7"), ("SLURM_JOB_ID", "9")]),
+            (t2, Some("AMPCCL_TOKEN"))
+        );
+        assert_eq!(
+            token_of(&[("TORCHELASTIC_RUN_ID", "none"), ("SLURM_JOB_ID", "9")]),
+            token_of(&[("SLURM_JOB_ID", "9")])
+        );
         let err_names = |extra: &[(&str, &str)], name: &str| match base(extra) {
             Err(Error::InvalidArgument(m)) => assert!(m.contains(name), "{m} should name {name}"),
             other => panic!("expected InvalidArgument naming {name}, got {other:?}"),
@@ -294,6 +428,9 @@ mod tests {
         err_names(&[("RANK", "")], "RANK");
         err_names(&[("RANK", "one")], "RANK");
         err_names(&[("WORLD_SIZE", "")], "WORLD_SIZE");
+        err_names(&[("WORLD_SIZE", "0")], "WORLD_SIZE");
+        err_names(&[("WORLD_SIZE", "2147483647")], "WORLD_SIZE");
+        err_names(&[("WORLD_SIZE", "65537")], "WORLD_SIZE");
         err_names(&[("LOCAL_RANK", "-1")], "LOCAL_RANK");
         err_names(&[("AMPCCL_UNIQUE_ID", "abcd")], "AMPCCL_UNIQUE_ID");
         // The AMPCCL_ variables win; a unique id replaces MASTER_*.
@@ -358,5 +495,77 @@ mod tests {
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
         assert_eq!(ranks, [0, 1]);
+    }
+
+    /// Rank 0's root must be up before the rest of a test goes on.
+    fn wait_for_root(port: u16) {
+        let t = std::time::Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(t.elapsed() < T, "root on port {port} never came up");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    #[test]
+    fn master_mode_binds_master_addr_not_the_wildcard() {
+        let port = free_port();
+        let rank = |r: usize| {
+            env(&[
+                ("MASTER_ADDR", "127.0.0.1".into()),
+                ("MASTER_PORT", port.to_string()),
+                ("RANK", r.to_string()),
+                ("WORLD_SIZE", "2".into()),
+            ])
+        };
+        std::thread::scope(|s| {
+            let r0 = s.spawn(|| Bootstrap::from_lookup(rank(0), T).unwrap());
+            wait_for_root(port);
+            // Another address of this host (all of 127/8 is loopback) does not reach the root.
+            let other = std::net::TcpStream::connect(("127.0.0.2", port));
+            assert!(other.is_err(), "the root listens beyond MASTER_ADDR");
+            let r1 = Bootstrap::from_lookup(rank(1), T).unwrap();
+            let r0 = r0.join().unwrap();
+            assert_eq!((r0.rank(), r1.rank()), (0, 1));
+        });
+    }
+
+    #[test]
+    fn jobs_sharing_a_port_never_form_one_communicator() {
+        for id_var in ["SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "PMIX_NAMESPACE"] {
+            let port = free_port();
+            let rank = |job: &str, r: usize| {
+                env(&[
+                    ("MASTER_ADDR", "127.0.0.1".into()),
+                    ("MASTER_PORT", port.to_string()),
+                    ("RANK", r.to_string()),
+                    ("WORLD_SIZE", "2".into()),
+                    (id_var, job.into()),
+                ])
+            };
+            std::thread::scope(|s| {
+                let a0 = s.spawn(|| Bootstrap::from_lookup(rank("job-a", 0), T));
+                wait_for_root(port);
+                // Job B's rank 1 reaches job A's root: refused, and told why.
+                let start = std::time::Instant::now();
+                let e = Bootstrap::from_lookup(rank("job-b", 1), T).unwrap_err();
+                assert!(
+                    matches!(&e, Error::InvalidUsage(m) if m.contains("wrong token")
+                        && m.contains("another job") && m.contains(id_var)),
+                    "{id_var}: {e}"
+                );
+                assert!(start.elapsed() < Duration::from_secs(2), "{id_var}");
+                // Job B's rank 0 cannot host a second root on the port.
+                let e = Bootstrap::from_lookup(rank("job-b", 0), T).unwrap_err();
+                assert!(
+                    matches!(&e, Error::InvalidUsage(m) if m.contains("already in use")),
+                    "{id_var}: {e}"
+                );
+                // Job A forms its communicator undisturbed.
+                let a1 = Bootstrap::from_lookup(rank("job-a", 1), T).unwrap();
+                let a0 = a0.join().unwrap().unwrap();
+                s.spawn(move || a0.barrier(1).unwrap());
+                a1.barrier(1).unwrap();
+            });
+        }
     }
 }

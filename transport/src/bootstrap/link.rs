@@ -3,7 +3,14 @@
 //!
 //! Frame (little-endian, 32-byte header): tag space (u64), tag (u64), kind (u32), magic
 //! `0xB007_F4A3` (u32), payload length (u64, at most 1 GiB), payload. A frame with a bad magic or
-//! an oversized length is malformed and breaks the connection.
+//! an oversized length is malformed and breaks the connection. The payload buffer grows with
+//! the bytes that actually arrive (doubling from 64 KiB), not with the length the header
+//! claims.
+//!
+//! A link to a peer on this host (same PID namespace) knows the peer's pid: a receive or send
+//! that waits re-checks every [`CHECK_EVERY`] that the process still exists and fails at once
+//! with [`Error::Remote`] when it does not (the connection alone may stay open after the peer
+//! died, e.g. when a child it forked inherited the socket).
 //!
 //! Writes hold a per-connection mutex for the whole frame. Reads: whichever receiving thread finds
 //! no matching message becomes the single *reader* (flag in the inbox) and reads one frame at a
@@ -18,12 +25,17 @@ use std::time::Instant;
 
 use ampccl_runtime::{Error, Result};
 
-use super::wire::{Fields, IoFail, MAX_PAYLOAD, read_resumable, remaining, write_all_by};
+use super::wire::{
+    CHECK_EVERY, Fields, IoFail, MAX_PAYLOAD, process_gone, read_resumable, remaining,
+    write_all_watched,
+};
 
 const FRAME_MAGIC: u32 = 0xB007_F4A3;
 const HEADER_BYTES: usize = 32;
 /// Payloads up to this size are written together with their header in one `write`.
 const COALESCE_BYTES: usize = 64 * 1024;
+/// First allocation for a frame's payload; it doubles as bytes arrive, up to the frame length.
+const BODY_CHUNK: usize = 64 * 1024;
 
 /// Message kinds: one namespace of tags each, so collectives never match point-to-point messages.
 pub(crate) const KIND_P2P: u32 = 0;
@@ -52,7 +64,9 @@ struct Rx {
     stream: TcpStream,
     head: [u8; HEADER_BYTES],
     head_filled: usize,
-    body: Option<(Key, Vec<u8>)>,
+    /// The frame being read: its key, the bytes so far (`len()` is what has been allocated
+    /// and zeroed, `body_filled` of them are received) and its full length.
+    body: Option<(Key, Vec<u8>, usize)>,
     body_filled: usize,
 }
 
@@ -78,14 +92,25 @@ impl Rx {
                     "malformed frame (magic {magic:#x}, kind {kind}, length {len})"
                 ));
             }
-            self.body = Some((Key { space, kind, tag }, vec![0u8; len as usize]));
+            let len = len as usize;
+            self.body = Some((
+                Key { space, kind, tag },
+                vec![0u8; len.min(BODY_CHUNK)],
+                len,
+            ));
             self.body_filled = 0;
         }
-        let (_, buf) = self.body.as_mut().expect("body set above");
-        match read_resumable(&mut self.stream, buf, &mut self.body_filled, deadline) {
-            Ok(()) => Ok(self.body.take()),
-            Err(IoFail::Timeout) => Ok(None),
-            Err(e) => Err(e.to_string()),
+        let (_, buf, len) = self.body.as_mut().expect("body set above");
+        loop {
+            match read_resumable(&mut self.stream, buf, &mut self.body_filled, deadline) {
+                Ok(()) if buf.len() == *len => {
+                    return Ok(self.body.take().map(|(key, buf, _)| (key, buf)));
+                }
+                // What has arrived fills the buffer: grow it for more.
+                Ok(()) => buf.resize((*len).min(2 * buf.len()), 0),
+                Err(IoFail::Timeout) => return Ok(None),
+                Err(e) => return Err(e.to_string()),
+            }
         }
     }
 }
@@ -103,6 +128,8 @@ pub(crate) struct Link {
     rx: Option<Mutex<Rx>>,
     inbox: Mutex<Inbox>,
     cv: Condvar,
+    /// The peer's pid, where [`process_gone`] can check it (same host and PID namespace).
+    watch: Option<u32>,
 }
 
 /// Names a peer in error messages: its rank in the handle and, if different, its global rank.
@@ -122,11 +149,13 @@ impl Link {
             rx: None,
             inbox: Mutex::default(),
             cv: Condvar::new(),
+            watch: None,
         }
     }
 
-    /// Link over an established, handshaken connection.
-    pub(crate) fn remote(stream: TcpStream) -> std::io::Result<Link> {
+    /// Link over an established, handshaken connection; `watch` is the peer's pid if
+    /// [`process_gone`] can check it.
+    pub(crate) fn remote(stream: TcpStream, watch: Option<u32>) -> std::io::Result<Link> {
         let rx = Rx {
             stream: stream.try_clone()?,
             head: [0; HEADER_BYTES],
@@ -142,6 +171,25 @@ impl Link {
             rx: Some(Mutex::new(rx)),
             inbox: Mutex::default(),
             cv: Condvar::new(),
+            watch,
+        })
+    }
+
+    /// Why the peer is known to be dead, if it is.
+    fn gone(&self) -> Option<String> {
+        let pid = self.watch?;
+        process_gone(pid).then(|| format!("its process (pid {pid}) has exited"))
+    }
+
+    /// Bytes allocated for the frame being received (tests: the buffer follows the bytes that
+    /// arrived, not the length a header claims).
+    #[cfg(test)]
+    pub(crate) fn receive_buffer_bytes(&self) -> usize {
+        self.rx.as_ref().map_or(0, |rx| {
+            lock(rx)
+                .body
+                .as_ref()
+                .map_or(0, |(_, buf, _)| buf.capacity())
         })
     }
 
@@ -154,6 +202,7 @@ impl Link {
         deadline: Instant,
         peer: &dyn Fn() -> String,
     ) -> Result<()> {
+        let gone = || self.gone();
         if data.len() as u64 > MAX_PAYLOAD {
             return Err(Error::InvalidArgument(format!(
                 "bootstrap message of {} bytes to {} exceeds the 1 GiB limit",
@@ -186,9 +235,9 @@ impl Link {
         }
         let res = if data.len() <= COALESCE_BYTES {
             head.extend_from_slice(data);
-            write_all_by(&mut tx.stream, &[&head], deadline)
+            write_all_watched(&mut tx.stream, &[&head], deadline, &gone)
         } else {
-            write_all_by(&mut tx.stream, &[&head, data], deadline)
+            write_all_watched(&mut tx.stream, &[&head, data], deadline, &gone)
         };
         res.map_err(|e| {
             let _ = tx.stream.shutdown(Shutdown::Write);
@@ -241,12 +290,17 @@ impl Link {
                 Some(rx) if !inbox.reading => {
                     inbox.reading = true;
                     drop(inbox);
-                    let frame = lock(rx).read_frame(deadline);
+                    // In slices, so that a peer that died is noticed while we wait.
+                    let frame = lock(rx).read_frame(deadline.min(Instant::now() + CHECK_EVERY));
                     inbox = lock(&self.inbox);
                     inbox.reading = false;
                     match frame {
                         Ok(Some((k, msg))) => inbox.pending.entry(k).or_default().push_back(msg),
-                        Ok(None) => {}
+                        Ok(None) => {
+                            if let Some(why) = self.gone() {
+                                inbox.closed = Some(why);
+                            }
+                        }
                         Err(why) => inbox.closed = Some(why),
                     }
                     self.cv.notify_all();

@@ -8,19 +8,56 @@
 //!   rank in `AMPCCL_RANK` (or `RANK`) and the world size in `AMPCCL_WORLD_SIZE` (or
 //!   `WORLD_SIZE`).
 //! * **torchrun style**: `MASTER_ADDR`, `MASTER_PORT`, `RANK`, `WORLD_SIZE` (`LOCAL_RANK` kept
-//!   for [`Bootstrap::local_rank`]). Rank 0 runs the root on the wildcard address of
-//!   `MASTER_ADDR`'s family at `MASTER_PORT`; everyone (rank 0 too) connects to
-//!   `MASTER_ADDR:MASTER_PORT`. The token cannot be distributed, so it is derived: the 128-bit
-//!   FNV-1a of `"ampccl-bootstrap-v1"`, `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE` (numbers in
-//!   decimal) and `AMPCCL_TOKEN`, else `TORCHELASTIC_RUN_ID`, else the empty string. Setting
-//!   either keeps concurrent jobs on one master apart.
+//!   for [`Bootstrap::local_rank`]). Rank 0 runs the root on the address `MASTER_ADDR` resolves
+//!   to (not the wildcard address), at `MASTER_PORT`; everyone (rank 0 too) connects to
+//!   `MASTER_ADDR:MASTER_PORT`. A port already taken (say by another job's root) fails rank 0
+//!   with [`Error::InvalidUsage`] saying so. The token cannot be distributed, so it is derived:
+//!   the 128-bit FNV-1a of `"ampccl-bootstrap-v1"`, `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE`
+//!   (numbers in decimal) and the job id: the first of [`JOB_ID_VARS`] that is set
+//!   (`AMPCCL_TOKEN`, torchrun's `TORCHELASTIC_RUN_ID` unless it is torchrun's default `none`,
+//!   Slurm's `SLURM_JOB_ID`, PMIx's `PMIX_NAMESPACE`, Open MPI's `OMPI_MCA_orte_hnp_uri`, LSF's
+//!   `LSB_JOBID`, PBS's `PBS_JOBID`, Flux's `FLUX_JOB_ID`), else the empty string, in which
+//!   case rank 0 warns once that two jobs reusing `MASTER_ADDR:MASTER_PORT` would be told apart
+//!   only by their world size.
+//!
+//! # What the token protects
+//!
+//! Every hello to the root and every mesh handshake carries the token; a connection with
+//! another token is refused (the root tells the rank why: [`Error::InvalidUsage`] mentioning
+//! "wrong token" and, in `MASTER_ADDR` mode, what this rank's token is made of). With a unique
+//! id the token is 128 random bits; in `MASTER_ADDR` mode it is keyed by the launcher's job id.
+//! It keeps **accidental** joins apart: a rank of another job, or of an earlier run of the same
+//! script, that reaches a root or a rank's mesh listener by reusing an address and port never
+//! joins this communicator. It is **not a security boundary**: anyone who can read a rank's
+//! environment or `AMPCCL_UNIQUE_ID` (any process of the same user, `/proc/<pid>/environ`) can
+//! derive or copy it, the derived token of `MASTER_ADDR` mode is only as unpredictable as the
+//! job id, and the bootstrap traffic is neither encrypted nor authenticated beyond it. Run jobs
+//! on networks their users trust.
+//!
+//! # Bounds and failures
+//!
+//! Nothing a connection says sizes an allocation or a thread before it is checked: world sizes
+//! are at most [`MAX_RANKS`] (a rank asking for more fails with [`Error::InvalidArgument`]
+//! before connecting, and the root refuses such a hello), the root keeps joined ranks in a map
+//! that grows only with ranks holding the token, one thread reads all hellos (and one loop, in
+//! the initializing thread, all mesh handshakes), with a short deadline each and a bounded
+//! number waiting at once, so silent or stray connections neither stall nor exhaust init.
+//! Message lengths are bounded (1 GiB) and a receive buffer grows with the bytes that arrive.
 //!
 //! Each rank connects to the root (retrying until the timeout, as the root may not be up yet),
 //! sends its listen address, host id and pid, receives everyone's, and builds a full TCP mesh
-//! (module `mesh`). The [`Bootstrap`] handle then offers blocking tagged send/recv, allgather, barrier,
+//! (module `mesh`). While it waits for the root, the root tells it who has joined; every
+//! [`PROGRESS_LOG_EVERY`] it logs a warning saying who has joined and who is missing, and a
+//! timeout names the missing ranks. Once the table is exchanged, a peer on the same host (same
+//! PID namespace) whose process exits is noticed within a fraction of a second (`kill(pid, 0)`
+//! and `/proc/<pid>/stat`, so zombies count as dead) in mesh building and in every later wait of
+//! the handle, and a peer elsewhere by its connection closing: init or the call fails at once
+//! with [`Error::Remote`] naming the dead rank.
+//!
+//! The [`Bootstrap`] handle then offers blocking tagged send/recv, allgather, barrier,
 //! broadcast and subgroups. Every blocking call is bounded by the handle's timeout (the one given
 //! at init) and fails with [`Error::Timeout`] naming the peer; a peer that closed its connection
-//! gives [`Error::Remote`] naming it.
+//! or died gives [`Error::Remote`] naming it.
 //!
 //! The default timeout is `AMPCCL_TIMEOUT_S` (seconds, default 300; see [`timeout_from_env`]).
 
@@ -40,10 +77,63 @@ use std::time::{Duration, Instant};
 
 use ampccl_runtime::{Error, Result};
 
-pub use env::{EnvConfig, Rendezvous, parse_timeout_s, timeout_from_env};
+pub use env::{EnvConfig, JOB_ID_VARS, Rendezvous, parse_timeout_s, timeout_from_env};
 use link::{KIND_ALLGATHER, KIND_BARRIER, KIND_BROADCAST, KIND_P2P, Key, Link};
 pub use root::RootReport;
 pub use unique_id::{Token, UNIQUE_ID_BYTES, UniqueId};
+
+/// Largest world size the bootstrap accepts (a rank asking for more fails with
+/// [`Error::InvalidArgument`] before connecting; a root refuses a hello that claims more). The
+/// same bound as the multipath parameter store's.
+pub const MAX_RANKS: usize = 1 << 16;
+/// While init waits (for the root's table, or for peers to connect), a line this often says who
+/// has joined and who is missing.
+pub const PROGRESS_LOG_EVERY: Duration = Duration::from_secs(10);
+
+#[cfg(test)]
+thread_local! {
+    /// Tests: a shorter [`PROGRESS_LOG_EVERY`] for waits on this thread.
+    static TEST_LOG_EVERY: std::cell::Cell<Option<Duration>> = const { std::cell::Cell::new(None) };
+}
+
+/// The period of the progress lines of waits on this thread.
+fn log_every() -> Duration {
+    #[cfg(test)]
+    if let Some(d) = TEST_LOG_EVERY.with(std::cell::Cell::get) {
+        return d;
+    }
+    PROGRESS_LOG_EVERY
+}
+
+/// "rank 3", "ranks 0-2, 7", "ranks 0-31 and 90 more" for sorted `ranks`, the first of `total`.
+fn rank_list(ranks: &[usize], total: usize) -> String {
+    if total == 0 {
+        return "none".into();
+    }
+    let mut runs: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < ranks.len() {
+        let mut j = i;
+        while j + 1 < ranks.len() && ranks[j + 1] == ranks[j] + 1 {
+            j += 1;
+        }
+        runs.push(match j - i {
+            0 => ranks[i].to_string(),
+            1 => format!("{}, {}", ranks[i], ranks[j]),
+            _ => format!("{}-{}", ranks[i], ranks[j]),
+        });
+        i = j + 1;
+    }
+    let mut out = format!(
+        "{} {}",
+        if total == 1 { "rank" } else { "ranks" },
+        runs.join(", ")
+    );
+    if total > ranks.len() {
+        out += &format!(" and {} more", total - ranks.len());
+    }
+    out
+}
 
 /// Timeout used when `AMPCCL_TIMEOUT_S` is not set.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -100,7 +190,12 @@ impl Bootstrap {
         timeout: Duration,
         local_rank: Option<usize>,
     ) -> Result<Bootstrap> {
-        if world == 0 || rank >= world {
+        if world == 0 || world > MAX_RANKS {
+            return Err(Error::InvalidArgument(format!(
+                "bootstrap: world size {world} is out of range (1..={MAX_RANKS})"
+            )));
+        }
+        if rank >= world {
             return Err(Error::InvalidArgument(format!(
                 "bootstrap: rank {rank} is not in a world of {world}"
             )));
@@ -132,19 +227,36 @@ impl Bootstrap {
             addr,
             host_id: wire::host_id(),
             pid: std::process::id(),
+            pid_ns: wire::pid_namespace(),
         };
         let table = root::exchange(stream, id.token(), rank, world, me, deadline)?;
+        // From here on the ranks know each other's pids: a peer on this host (same PID
+        // namespace) that dies is noticed at once, not at the timeout.
+        let watch: Vec<Option<u32>> = table
+            .iter()
+            .map(|p| {
+                let local = p.host_id == me.host_id && p.pid_ns == me.pid_ns && me.pid_ns != 0;
+                (local && p.pid != me.pid).then_some(p.pid)
+            })
+            .collect();
         let links = match listener {
             None => vec![Link::loopback()],
             Some(listener) => {
                 let addrs: Vec<SocketAddr> = table.iter().map(|p| p.addr).collect();
-                mesh::build(listener, id.token(), rank, world, &addrs, deadline)?
+                let peers = mesh::Peers {
+                    rank,
+                    world,
+                    token: id.token(),
+                    addrs: &addrs,
+                    watch: &watch,
+                };
+                mesh::build(listener, &peers, deadline)?
                     .into_iter()
-                    .map(|c| match c {
+                    .zip(&watch)
+                    .map(|(c, &watch)| match c {
                         None => Ok(Link::loopback()),
-                        Some(s) => {
-                            Link::remote(s).map_err(|e| Error::system("bootstrap: socket clone", e))
-                        }
+                        Some(s) => Link::remote(s, watch)
+                            .map_err(|e| Error::system("bootstrap: socket clone", e)),
                     })
                     .collect::<Result<Vec<_>>>()?
             }
@@ -169,6 +281,37 @@ impl Bootstrap {
         })
     }
 
+    /// Fault injection for tests: joins the rendezvous of `id` as `rank` of `world` like
+    /// [`Bootstrap::init`] (a bound listener, this process's real pid and host) and returns once
+    /// the root has sent the address table, without building the mesh: the caller plays a rank
+    /// that dies right after the table exchange.
+    #[doc(hidden)]
+    pub fn rendezvous_only(
+        id: &UniqueId,
+        rank: usize,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<()> {
+        id.validate()?;
+        let deadline = Instant::now() + timeout;
+        let stream = root::connect_root(id.root_addr()?, rank, deadline)?;
+        let ip = stream
+            .local_addr()
+            .map_err(|e| Error::system("bootstrap: local_addr", e))?
+            .ip();
+        let listener = TcpListener::bind((ip, 0))
+            .map_err(|e| Error::system(format!("bootstrap: bind {ip}"), e))?;
+        let me = root::PeerInfo {
+            addr: listener
+                .local_addr()
+                .map_err(|e| Error::system("bootstrap: local_addr", e))?,
+            host_id: wire::host_id(),
+            pid: std::process::id(),
+            pid_ns: wire::pid_namespace(),
+        };
+        root::exchange(stream, id.token(), rank, world, me, deadline).map(|_| ())
+    }
+
     /// Initializes from the process environment (see the module documentation).
     pub fn from_env(timeout: Duration) -> Result<Bootstrap> {
         Bootstrap::from_lookup(|k| std::env::var(k).ok(), timeout)
@@ -186,13 +329,26 @@ impl Bootstrap {
     /// Initializes from a parsed [`EnvConfig`]; in `Master` mode rank 0 starts the root.
     pub fn from_config(cfg: &EnvConfig, timeout: Duration) -> Result<Bootstrap> {
         let (rank, world) = (cfg.rank, cfg.world);
-        if world == 0 || rank >= world {
+        if world == 0 || world > MAX_RANKS {
+            return Err(Error::InvalidArgument(format!(
+                "WORLD_SIZE={world} is out of range (1..={MAX_RANKS})"
+            )));
+        }
+        if rank >= world {
             return Err(Error::InvalidArgument(format!(
                 "RANK={rank} is not in a world of WORLD_SIZE={world}"
             )));
         }
         let id = cfg.unique_id(timeout)?;
-        Bootstrap::init_with(&id, rank, world, timeout, cfg.local_rank)
+        Bootstrap::init_with(&id, rank, world, timeout, cfg.local_rank).map_err(|e| match e {
+            // Say what this rank's token is made of: the usual cause is a rank of another job
+            // (or one launched differently) on the same MASTER_ADDR:MASTER_PORT.
+            Error::InvalidUsage(m) if m.contains("wrong token") => match cfg.token_origin() {
+                Some(origin) => Error::InvalidUsage(format!("{m}; {origin}")),
+                None => Error::InvalidUsage(m),
+            },
+            e => e,
+        })
     }
 
     /// This process's rank in this handle.

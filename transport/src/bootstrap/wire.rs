@@ -4,10 +4,13 @@
 
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
+use std::os::fd::RawFd;
 use std::time::{Duration, Instant};
 
 /// Largest payload of a bootstrap message; a larger length is a malformed frame.
 pub(crate) const MAX_PAYLOAD: u64 = 1 << 30;
+/// How often a wait re-checks that the peers it waits for still exist (see [`process_gone`]).
+pub(crate) const CHECK_EVERY: Duration = Duration::from_millis(100);
 
 /// Why a deadline-bounded I/O failed.
 #[derive(Debug)]
@@ -18,6 +21,8 @@ pub(crate) enum IoFail {
     Closed(usize),
     /// Any other socket error.
     Other(io::Error),
+    /// The peer's process no longer exists (the reason says how we know).
+    Gone(String),
 }
 
 impl std::fmt::Display for IoFail {
@@ -27,6 +32,7 @@ impl std::fmt::Display for IoFail {
             IoFail::Closed(0) => write!(f, "connection closed"),
             IoFail::Closed(n) => write!(f, "connection closed after {n} bytes of a frame"),
             IoFail::Other(e) => write!(f, "{e}"),
+            IoFail::Gone(why) => write!(f, "{why}"),
         }
     }
 }
@@ -82,23 +88,85 @@ pub(crate) fn write_all_by(
     bufs: &[&[u8]],
     deadline: Instant,
 ) -> Result<(), IoFail> {
+    write_all_watched(stream, bufs, deadline, &|| None)
+}
+
+/// [`write_all_by`] that, while the socket does not take more bytes, asks `gone` every
+/// [`CHECK_EVERY`] whether the peer's process still exists, and gives up with
+/// [`IoFail::Gone`] when it says why not (a dead peer whose socket another process keeps open
+/// would otherwise hold the write until `deadline`).
+pub(crate) fn write_all_watched(
+    stream: &mut TcpStream,
+    bufs: &[&[u8]],
+    deadline: Instant,
+    gone: &dyn Fn() -> Option<String>,
+) -> Result<(), IoFail> {
     for buf in bufs {
         let mut done = 0;
         while done < buf.len() {
             let left = remaining(deadline).ok_or(IoFail::Timeout)?;
             stream
-                .set_write_timeout(Some(left))
+                .set_write_timeout(Some(left.min(CHECK_EVERY)))
                 .map_err(IoFail::Other)?;
             match stream.write(&buf[done..]) {
                 Ok(0) => return Err(IoFail::Closed(0)),
                 Ok(n) => done += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) if is_timeout(&e) => {}
+                Err(e) if is_timeout(&e) => {
+                    if let Some(why) = gone() {
+                        return Err(IoFail::Gone(why));
+                    }
+                }
                 Err(e) => return Err(IoFail::Other(e)),
             }
         }
     }
     Ok(())
+}
+
+/// `poll(2)` for readability over `fds`, at most `timeout`: entry `i` of the result says whether
+/// `fds[i]` is readable, hung up or in error (a read will not block). An interrupted poll
+/// reports nothing ready.
+pub(crate) fn poll_readable(fds: &[RawFd], timeout: Duration) -> io::Result<Vec<bool>> {
+    let mut pfds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = timeout.as_millis().clamp(0, 1000) as libc::c_int;
+    // SAFETY: `pfds` is a valid array of `pfds.len()` pollfd structures for the whole call.
+    let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(vec![false; fds.len()]);
+        }
+        return Err(e);
+    }
+    let ready = libc::POLLIN | libc::POLLHUP | libc::POLLERR | libc::POLLNVAL;
+    Ok(pfds.iter().map(|p| p.revents & ready != 0).collect())
+}
+
+/// Reads what is available from a non-blocking stream into `buf[*filled..]`: `Ok(true)` once
+/// `buf` is full, `Ok(false)` if more is to come, [`IoFail::Closed`] at end of stream.
+pub(crate) fn read_available(
+    stream: &mut TcpStream,
+    buf: &mut [u8],
+    filled: &mut usize,
+) -> Result<bool, IoFail> {
+    while *filled < buf.len() {
+        match stream.read(&mut buf[*filled..]) {
+            Ok(0) => return Err(IoFail::Closed(*filled)),
+            Ok(n) => *filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) => return Err(IoFail::Other(e)),
+        }
+    }
+    Ok(true)
 }
 
 /// Cursor that reads little-endian fields out of a fixed frame.
@@ -156,6 +224,43 @@ pub fn host_id() -> u64 {
     fnv1a64(&[hostname.as_bytes(), boot_id.as_bytes()])
 }
 
+/// Identifier of this process's PID namespace: the low 32 bits of the FNV-1a of the
+/// `/proc/self/ns/pid` link (`pid:[4026531836]`), never 0; 0 when it cannot be read. Two ranks
+/// with the same [`host_id`] and the same non-zero namespace id see each other's pids, so one
+/// can tell whether the other's process still exists ([`process_gone`]).
+pub(crate) fn pid_namespace() -> u32 {
+    match std::fs::read_link("/proc/self/ns/pid") {
+        Ok(link) => {
+            let h = fnv1a64(&[link.as_os_str().as_encoded_bytes()]) as u32;
+            h.max(1)
+        }
+        Err(_) => 0,
+    }
+}
+
+/// Whether process `pid` (of our PID namespace) is known to have exited: `kill(pid, 0)` says it
+/// does not exist, or `/proc/<pid>/stat` shows a zombie (exited, not yet reaped by its parent,
+/// which still answers `kill`). A process we may not signal (`EPERM`) exists. The pid could in
+/// principle be reused by an unrelated process; that only delays the detection to the timeout.
+pub(crate) fn process_gone(pid: u32) -> bool {
+    let Some(p) = rustix::process::Pid::from_raw(pid as i32) else {
+        return false;
+    };
+    // Any other answer (`EPERM` included) means the process exists.
+    if let Err(rustix::io::Errno::SRCH) = rustix::process::test_kill_process(p) {
+        return true;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the parenthesised command name, which may itself contain ')'.
+        Ok(stat) => matches!(
+            stat.rfind(')')
+                .and_then(|i| stat[i + 1..].split_whitespace().next()),
+            Some("Z" | "X")
+        ),
+        Err(e) => e.kind() == io::ErrorKind::NotFound,
+    }
+}
+
 /// Sets `TCP_NODELAY` and blocking mode on a bootstrap socket.
 pub(crate) fn prepare(stream: &TcpStream) -> io::Result<()> {
     stream.set_nonblocking(false)?;
@@ -172,5 +277,24 @@ mod tests {
         assert_ne!(fnv1a64(&[b"ab", b"c"]), fnv1a64(&[b"a", b"bc"]));
         assert_ne!(fnv1a128(&[b"ab", b"c"]), fnv1a128(&[b"a", b"bc"]));
         assert_eq!(host_id(), host_id());
+        assert_eq!(pid_namespace(), pid_namespace());
+    }
+
+    #[test]
+    fn exited_and_zombie_processes_are_gone() {
+        assert!(!process_gone(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        let t = Instant::now();
+        // Exited but not reaped yet: a zombie.
+        while !process_gone(pid) {
+            assert!(
+                t.elapsed() < Duration::from_secs(10),
+                "child {pid} never exited"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        child.wait().unwrap();
+        assert!(process_gone(pid));
     }
 }
