@@ -8,7 +8,8 @@
 //! | `AMPCCL_TIMEOUT_S` | 300 | (0, 1e6] s | longest wait for a peer before an operation fails |
 //! | `AMPCCL_BUFFSIZE` | 4M | [4K, 1G] bytes | bytes of each CCL buffer (input and output) per rank |
 //! | `AMPCCL_SHM_CMA` | 1 | 0 or 1 | use cross-memory attach when the kernel permits |
-//! | `AMPCCL_TRANSPORT` | (probe) | `shm` | force a transport provider |
+//! | `AMPCCL_TRANSPORT` | (probe) | `shm`, `tcp` | the transport provider (default: shared memory on one host, TCP across hosts) |
+//! | `AMPCCL_SHM_DISABLE` | 0 | 0 or 1 | `1`: ranks of one host talk over the network provider too |
 //! | `AMPCCL_ALGO_<OP>` | (select) | an algorithm name | force an algorithm, e.g. `AMPCCL_ALGO_ALLREDUCE=AllReduceRing` |
 //! | `AMPCCL_SPIN_US` | 5, or 0 when a host has more ranks than CPUs | [0, 100000] µs | how long an idle rank busy-waits before yielding its core |
 //! | `AMPCCL_CACHE_BYTES` | (sysfs) | [0, 1T] bytes, 0: sysfs | bytes of the last-level cache algorithms assume (where sysfs is wrong or absent) |
@@ -53,6 +54,8 @@ pub struct Config {
     /// Bytes of each CCL buffer.
     pub buffsize: usize,
     pub allow_cma: bool,
+    /// The network provider between ranks of one host too (`AMPCCL_SHM_DISABLE`).
+    pub shm_disable: bool,
     pub transport: Option<String>,
     /// Forced algorithm per operation kind.
     pub forced: HashMap<OpKind, String>,
@@ -70,6 +73,7 @@ impl Default for Config {
             timeout: ampccl_transport::bootstrap::DEFAULT_TIMEOUT,
             buffsize: BUFFSIZE.default as usize,
             allow_cma: true,
+            shm_disable: false,
             transport: None,
             forced: HashMap::new(),
             fifo_depth: 256,
@@ -112,17 +116,20 @@ impl Config {
         if let Some(b) = CACHE_BYTES.parse(set("AMPCCL_CACHE_BYTES").as_deref())? {
             c.cache_bytes = (b > 0).then_some(b as usize);
         }
-        if let Some(v) = set("AMPCCL_SHM_CMA") {
-            c.allow_cma = match v.trim() {
-                "0" => false,
-                "1" => true,
-                _ => {
-                    return Err(Error::InvalidArgument(format!(
-                        "AMPCCL_SHM_CMA={v:?}: expected 0 or 1"
-                    )));
-                }
-            };
+        let flag = |k: &str| -> Result<Option<bool>> {
+            match set(k).as_deref().map(str::trim) {
+                None => Ok(None),
+                Some("0") => Ok(Some(false)),
+                Some("1") => Ok(Some(true)),
+                Some(v) => Err(Error::InvalidArgument(format!(
+                    "{k}={v:?}: expected 0 or 1"
+                ))),
+            }
+        };
+        if let Some(cma) = flag("AMPCCL_SHM_CMA")? {
+            c.allow_cma = cma;
         }
+        c.shm_disable = flag("AMPCCL_SHM_DISABLE")?.unwrap_or(false);
         for p in crate::params() {
             p.parse(get(&p.var()).as_deref())?;
         }

@@ -320,13 +320,19 @@ fn barrier(c: &Communicator) -> Outcome {
 }
 
 macro_rules! world_tests {
-    ($scenario:literal: $($name:ident = $w:literal),* $(,)?) => {$(
+    ($scenario:literal: $($name:ident = $w:literal),* $(,)?) => {
+        world_tests!($scenario, []: $($name = $w),*);
+    };
+    ($scenario:literal, $env:tt: $($name:ident = $w:literal),* $(,)?) => {$(
         #[test]
         fn $name() {
-            launch($w, $scenario, &[]);
+            launch($w, $scenario, &$env);
         }
     )*};
 }
+
+/// The TCP provider between the ranks of this host (shared memory off): the same cases.
+const TCP: [(&str, &str); 1] = [("AMPCCL_SHM_DISABLE", "1")];
 
 world_tests!("allreduce": allreduce_w1 = 1, allreduce_w2 = 2, allreduce_w3 = 3, allreduce_w4 = 4);
 world_tests!("allreduce_mixed": allreduce_mixed_w2 = 2, allreduce_mixed_w3 = 3);
@@ -338,6 +344,51 @@ world_tests!("reduce": reduce_w1 = 1, reduce_w2 = 2, reduce_w3 = 3, reduce_w4 = 
 world_tests!("all_to_all": all_to_all_w1 = 1, all_to_all_w2 = 2, all_to_all_w3 = 3, all_to_all_w4 = 4);
 world_tests!("sendrecv": sendrecv_w1 = 1, sendrecv_w2 = 2, sendrecv_w3 = 3, sendrecv_w4 = 4);
 world_tests!("barrier": barrier_w1 = 1, barrier_w2 = 2, barrier_w3 = 3, barrier_w4 = 4);
+world_tests!("allreduce", TCP: tcp_allreduce_w2 = 2, tcp_allreduce_w3 = 3, tcp_allreduce_w4 = 4);
+world_tests!("allgather", TCP: tcp_allgather_w2 = 2, tcp_allgather_w3 = 3);
+world_tests!("reduce_scatter", TCP: tcp_reduce_scatter_w2 = 2, tcp_reduce_scatter_w3 = 3);
+world_tests!("broadcast", TCP: tcp_broadcast_w2 = 2, tcp_broadcast_w3 = 3);
+world_tests!("reduce", TCP: tcp_reduce_w2 = 2, tcp_reduce_w3 = 3);
+world_tests!("all_to_all", TCP: tcp_all_to_all_w2 = 2, tcp_all_to_all_w3 = 3);
+world_tests!("sendrecv", TCP: tcp_sendrecv_w2 = 2, tcp_sendrecv_w3 = 3);
+world_tests!("barrier", TCP: tcp_barrier_w3 = 3);
+
+/// Over TCP, the 2-rank pairs (reads of the peer's offered memory, writes into it).
+#[test]
+fn tcp_allreduce_w2_pair() {
+    launch(
+        2,
+        "allreduce_mixed",
+        &[
+            ("AMPCCL_SHM_DISABLE", "1"),
+            ("AMPCCL_ALGO_ALLREDUCE", "AllReducePair"),
+        ],
+    );
+}
+
+#[test]
+fn tcp_allgather_w2_pair() {
+    launch(
+        2,
+        "allgather",
+        &[
+            ("AMPCCL_SHM_DISABLE", "1"),
+            ("AMPCCL_ALGO_ALLGATHER", "AllGatherPair"),
+        ],
+    );
+}
+
+#[test]
+fn tcp_broadcast_w2_pair() {
+    launch(
+        2,
+        "broadcast",
+        &[
+            ("AMPCCL_SHM_DISABLE", "1"),
+            ("AMPCCL_ALGO_BROADCAST", "BroadcastPair"),
+        ],
+    );
+}
 
 /// The operator picks `AllReducePair` only from 8 MiB on 2 ranks; forced, every case runs it
 /// (the big count takes two rounds): in place straight from the output, and, without

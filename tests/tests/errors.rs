@@ -340,7 +340,16 @@ fn abort() -> Outcome {
 // ---------------------------------------------------------------------------------------------
 
 fn quick(world: usize, scenario: &str) -> Vec<RankResult> {
-    Launch::new(world, scenario)
+    quick_with(world, scenario, &[])
+}
+
+/// As [`quick`], with more environment.
+fn quick_with(world: usize, scenario: &str, env: &[(&str, &str)]) -> Vec<RankResult> {
+    let mut launch = Launch::new(world, scenario);
+    for (k, v) in env {
+        launch = launch.env(k, v);
+    }
+    launch
         .env("AMPCCL_TIMEOUT_S", "30")
         .deadline(Duration::from_secs(60))
         .run()
@@ -474,7 +483,16 @@ fn killed_rank_unreaped_w2() {
 /// (eager messages, notifies between streams, the mesh's side streams): the survivors still
 /// name it within a fraction of a second, not after `AMPCCL_TIMEOUT_S`.
 fn killed_in(world: usize, scenario: &str) {
-    let res = Launch::new(world, scenario)
+    killed_in_with(world, scenario, &[]);
+}
+
+/// As [`killed_in`], with more environment.
+fn killed_in_with(world: usize, scenario: &str, env: &[(&str, &str)]) {
+    let mut launch = Launch::new(world, scenario);
+    for (k, v) in env {
+        launch = launch.env(k, v);
+    }
+    let res = launch
         .may_die(1)
         .env("AMPCCL_TIMEOUT_S", "60")
         .deadline(Duration::from_secs(45))
@@ -533,6 +551,35 @@ fn abort_after_completion_w2() {
 #[test]
 fn abort_after_completion_w3() {
     quick(3, "abort_after_completion");
+}
+
+/// The TCP provider between the ranks of this host (shared memory off).
+const TCP: [(&str, &str); 1] = [("AMPCCL_SHM_DISABLE", "1")];
+
+/// Over TCP a dead rank's connections close: the survivors name it as promptly.
+#[test]
+fn tcp_killed_rank_small_allgather_w3() {
+    killed_in_with(3, "killed_rank_small_allgather", &TCP);
+}
+
+#[test]
+fn tcp_killed_rank_abort_w2() {
+    killed_in_with(2, "killed_rank_abort", &TCP);
+}
+
+#[test]
+fn tcp_mismatch_kind_small_w2() {
+    quick_with(2, "mismatch_kind_small", &TCP);
+}
+
+#[test]
+fn tcp_mismatch_reduce_root_w2() {
+    quick_with(2, "mismatch_reduce_root", &TCP);
+}
+
+#[test]
+fn tcp_abort_after_completion_w2() {
+    quick_with(2, "abort_after_completion", &TCP);
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //!   protocol over it, [`eager`] its variant for small messages; [`link::Link`]: HCCL's link primitives as stream tasks.
 //! - [`transport::Transport`]: a connected provider as a communicator holds it, and
 //!   [`transport::connect`], which picks it from the probe list ([`probe`]).
-//! - providers: [`shm`] (processes on one host). TCP and RDMA are later providers.
+//! - providers: [`shm`] (processes on one host), [`tcp`] (any hosts).
 
 pub mod bootstrap;
 pub mod device;
@@ -14,6 +14,7 @@ pub mod link;
 pub mod probe;
 pub mod protocol;
 pub mod shm;
+pub mod tcp;
 #[cfg(test)]
 pub(crate) mod testdev;
 pub mod transport;

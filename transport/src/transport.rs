@@ -3,8 +3,9 @@
 //! the operations — its CCL window, its doorbell, the failure flag peers watch, and the
 //! operation record peers compare against theirs.
 //!
-//! [`connect`] picks the provider from the probe list ([`crate::probe`]) and connects it; the
-//! communicator never names a concrete provider, so the next ones plug in here.
+//! [`connect`] picks the provider from the probe list ([`crate::probe`]) and connects it: the
+//! shared-memory provider ([`crate::shm`]) or TCP ([`crate::tcp`]); the communicator never
+//! names a concrete provider.
 
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ use crate::bootstrap::Bootstrap;
 use crate::device::{OpRecord, RmaDevice};
 use crate::probe::{self, Provider};
 use crate::shm::{self, ShmConfig, ShmDevice};
+use crate::tcp;
 
 /// Formats a peer's operation record for a mismatch error (`None`: not a record).
 pub type OpFormatter = fn(&[u64]) -> Option<String>;
@@ -55,12 +57,23 @@ pub struct TransportConfig {
     pub allow_cma: bool,
     /// The provider `AMPCCL_TRANSPORT` forces, if any.
     pub forced: Option<String>,
+    /// `AMPCCL_SHM_DISABLE`: ranks of one host use the network provider too.
+    pub shm_disable: bool,
 }
 
 /// Picks the first provider of the probe list that can connect the ranks of `boot` (or the
 /// forced one) and connects it.
 pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<dyn Transport>> {
-    match probe::select(boot, cfg.forced.as_deref())? {
+    let provider = probe::select(boot, cfg.forced.as_deref(), cfg.shm_disable)?;
+    if boot.rank() == 0 {
+        tracing::info!(
+            "{} ranks on {} hosts connected by {}",
+            boot.world(),
+            hosts(boot),
+            provider.name()
+        );
+    }
+    match provider {
         Provider::Shm => {
             let shm_cfg = ShmConfig {
                 window: cfg.window,
@@ -69,7 +82,16 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<dyn Transp
             };
             Ok(shm::connect(boot, &shm_cfg)?)
         }
+        Provider::Tcp => Ok(tcp::connect(boot, cfg)?),
     }
+}
+
+/// How many hosts the ranks of `boot` are on.
+fn hosts(boot: &Bootstrap) -> usize {
+    let mut ids = boot.host_ids().to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    ids.len()
 }
 
 impl Transport for ShmDevice {

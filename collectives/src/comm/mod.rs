@@ -118,6 +118,7 @@ impl Communicator {
                 fifo_depth: config.fifo_depth,
                 allow_cma: config.allow_cma,
                 forced: config.transport.clone(),
+                shm_disable: config.shm_disable,
             },
         )?;
         transport.set_op_formatter(OpParam::describe_record);

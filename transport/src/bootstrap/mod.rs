@@ -71,7 +71,7 @@ mod wire;
 #[cfg(test)]
 mod tests;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -162,6 +162,8 @@ pub struct Bootstrap {
     host_ids: Arc<[u64]>,
     pids: Arc<[u32]>,
     local_rank: usize,
+    /// The address this rank listens on (the interface that routes to the root).
+    local_ip: IpAddr,
     timeout: Duration,
 }
 
@@ -277,6 +279,7 @@ impl Bootstrap {
             host_ids,
             pids: table.iter().map(|p| p.pid).collect(),
             local_rank,
+            local_ip: ip,
             timeout,
         })
     }
@@ -365,6 +368,12 @@ impl Bootstrap {
     /// number of lower (global) ranks with the same [`Bootstrap::host_id`].
     pub fn local_rank(&self) -> usize {
         self.local_rank
+    }
+
+    /// The address this rank's bootstrap listens on: the interface that routes to the root,
+    /// which the other ranks reach; data transports listen there too.
+    pub fn local_ip(&self) -> IpAddr {
+        self.local_ip
     }
 
     /// Host id of this process (FNV-1a of hostname and kernel boot id).
@@ -536,6 +545,7 @@ impl Bootstrap {
             host_ids: ranks.iter().map(|&r| self.host_ids[r]).collect(),
             pids: ranks.iter().map(|&r| self.pids[r]).collect(),
             local_rank: self.local_rank,
+            local_ip: self.local_ip,
             timeout: self.timeout,
         })
     }

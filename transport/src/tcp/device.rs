@@ -1,0 +1,555 @@
+//! [`TcpDevice`]: the connected provider ([`connect`]) and its RMA device and transport
+//! interfaces.
+
+use std::collections::VecDeque;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use ampccl_runtime::doorbell::Doorbell;
+use ampccl_runtime::mem::HostBuffer;
+use ampccl_runtime::task::CopyTo;
+use ampccl_runtime::{Error, Result};
+use rand::TryRngCore;
+
+use super::frame::{self, Header, Kind, MAX_TEXT};
+use super::peer::{Peer, PendingRead, Region, lock};
+use super::reader::Reader;
+use crate::bootstrap::Bootstrap;
+use crate::device::{CTS_READ, CtsEntry, EagerHeader, IMM_ERROR, OpRecord, RmaDevice};
+use crate::transport::{OpFormatter, Transport, TransportConfig};
+
+/// Largest eager message: one round trip saved per small message, at the price of
+/// `depth * EAGER_MAX` bytes of slots per peer.
+pub const EAGER_MAX: usize = 4096;
+/// Operation records this rank keeps for its own mismatch messages.
+const OP_HISTORY: usize = 8;
+/// Bootstrap tags of the set-up exchanges.
+const TAG_SECRET: u64 = 0x5443_5000_0000_0001;
+const TAG_ADDRS: u64 = 0x5443_5000_0000_0002;
+/// The hello a connecting rank sends: magic, secret, rank, world.
+const HELLO_MAGIC: &[u8; 8] = b"AMPCTCP1";
+const HELLO_BYTES: usize = 32;
+/// How long an accepted connection may take to say hello, and how many may wait at once.
+const HELLO_WAIT: Duration = Duration::from_secs(2);
+const MAX_PENDING: usize = 64;
+
+/// The TCP provider connected to every peer of a communicator.
+pub struct TcpDevice {
+    depth: usize,
+    /// Indexed by rank; `None` for this rank.
+    peers: Vec<Option<Arc<Peer>>>,
+    bell: Doorbell,
+    window: HostBuffer,
+    failed: AtomicBool,
+    ops: Mutex<VecDeque<OpRecord>>,
+    op_formatter: OnceLock<OpFormatter>,
+    read_ids: AtomicU32,
+    timeout: Duration,
+}
+
+/// Connects this rank to every peer of `boot` over TCP.
+pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<TcpDevice>> {
+    let (rank, world) = (boot.rank(), boot.world());
+    let deadline = Instant::now() + boot.timeout();
+    let listener = TcpListener::bind((boot.local_ip(), 0))
+        .map_err(|e| Error::system("tcp: bind the data listener", e))?;
+    let me = listener
+        .local_addr()
+        .map_err(|e| Error::system("tcp: local_addr", e))?;
+    let mut secret = [0u8; 16];
+    if rank == 0 {
+        rand::rngs::OsRng
+            .try_fill_bytes(&mut secret)
+            .map_err(|e| Error::system("tcp: OS random number generator", e))?;
+    }
+    let got = boot.broadcast(TAG_SECRET, 0, (rank == 0).then_some(&secret[..]))?;
+    secret.copy_from_slice(got.get(..16).ok_or_else(|| bad_setup("short secret"))?);
+    let mine = format!("{me}\n{}", hostname());
+    let all = boot.allgather(TAG_ADDRS, mine.as_bytes())?;
+    let mut addrs = Vec::with_capacity(world);
+    let mut descs = Vec::with_capacity(world);
+    for (r, entry) in all.iter().enumerate() {
+        let text = String::from_utf8_lossy(entry);
+        let (addr, host) = text.split_once('\n').unwrap_or((&text, "?"));
+        let addr: SocketAddr = addr
+            .parse()
+            .map_err(|_| bad_setup(&format!("rank {r} sent the address {addr:?}")))?;
+        addrs.push(addr);
+        let pid = boot.pids().get(r).copied().unwrap_or(0);
+        descs.push(format!("rank {r} (pid {pid} on {host})"));
+    }
+    let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+    for (peer, addr) in addrs.iter().enumerate().skip(rank + 1) {
+        streams[peer] = Some(dial(*addr, &secret, rank, world, deadline, &descs[peer])?);
+    }
+    accept(
+        &listener,
+        &secret,
+        rank,
+        world,
+        deadline,
+        &mut streams,
+        &descs,
+    )?;
+    let bell = Doorbell::new();
+    let eager = EAGER_MAX;
+    let mut peers = Vec::with_capacity(world);
+    for (r, s) in streams.into_iter().enumerate() {
+        let Some(s) = s else {
+            peers.push(None);
+            continue;
+        };
+        s.set_nodelay(true)
+            .map_err(|e| Error::system("tcp: TCP_NODELAY", e))?;
+        let out = s.try_clone().map_err(|e| Error::system("tcp: clone", e))?;
+        let peer = Arc::new(Peer::new(out, cfg.fifo_depth, eager, descs[r].clone()));
+        let reader = Reader {
+            peer: peer.clone(),
+            stream: s,
+            bell: bell.clone(),
+            depth: cfg.fifo_depth,
+            eager_max: eager,
+        };
+        std::thread::Builder::new()
+            .name(format!("ampccl-tcp-{r}"))
+            .spawn(move || reader.run())
+            .map_err(|e| Error::system("tcp: spawn a receiving thread", e))?;
+        peers.push(Some(peer));
+    }
+    tracing::debug!("rank {rank}: tcp connected to {} peers", world - 1);
+    Ok(Arc::new(TcpDevice {
+        depth: cfg.fifo_depth,
+        peers,
+        bell,
+        window: HostBuffer::zeroed(cfg.window),
+        failed: AtomicBool::new(false),
+        ops: Mutex::new(VecDeque::with_capacity(OP_HISTORY)),
+        op_formatter: OnceLock::new(),
+        read_ids: AtomicU32::new(0),
+        timeout: boot.timeout(),
+    }))
+}
+
+/// Connects to `peer`'s listener (retrying until `deadline`) and says hello.
+fn dial(
+    addr: SocketAddr,
+    secret: &[u8; 16],
+    rank: usize,
+    world: usize,
+    deadline: Instant,
+    desc: &str,
+) -> Result<TcpStream> {
+    loop {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
+            Ok(mut s) => {
+                s.write_all(&hello(secret, rank, world))
+                    .map_err(|e| Error::Remote(format!("tcp: hello to {desc}: {e}")))?;
+                return Ok(s);
+            }
+            Err(e) if Instant::now() >= deadline => {
+                return Err(Error::Timeout(format!(
+                    "tcp: cannot connect to {desc} at {addr}: {e}"
+                )));
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// Accepts the lower ranks' connections into `streams`: hellos are read from every pending
+/// connection at once, each within [`HELLO_WAIT`]; a connection without the right hello is
+/// dropped and costs nothing else.
+fn accept(
+    listener: &TcpListener,
+    secret: &[u8; 16],
+    rank: usize,
+    world: usize,
+    deadline: Instant,
+    streams: &mut [Option<TcpStream>],
+    descs: &[String],
+) -> Result<()> {
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| Error::system("tcp: nonblocking listener", e))?;
+    let mut pending: Vec<(TcpStream, Vec<u8>, Instant)> = Vec::new();
+    while streams[..rank].iter().any(Option::is_none) {
+        if Instant::now() >= deadline {
+            let missing: Vec<&str> = (0..rank)
+                .filter(|&r| streams[r].is_none())
+                .map(|r| descs[r].as_str())
+                .collect();
+            return Err(Error::Timeout(format!(
+                "tcp: no connection from {}",
+                missing.join(", ")
+            )));
+        }
+        let mut idle = true;
+        while let Ok((s, _)) = listener.accept() {
+            idle = false;
+            if s.set_nonblocking(true).is_ok() {
+                if pending.len() == MAX_PENDING {
+                    pending.remove(0);
+                }
+                pending.push((s, Vec::with_capacity(HELLO_BYTES), Instant::now()));
+            }
+        }
+        let now = Instant::now();
+        pending.retain_mut(|(s, buf, since)| {
+            let mut chunk = [0u8; HELLO_BYTES];
+            let want = HELLO_BYTES - buf.len();
+            match s.read(&mut chunk[..want]) {
+                Ok(0) => return false,
+                Ok(n) => {
+                    idle = false;
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                Err(_) => return false,
+            }
+            if buf.len() < HELLO_BYTES {
+                return now.duration_since(*since) < HELLO_WAIT;
+            }
+            let Some(peer) = check_hello(buf, secret, rank, world) else {
+                tracing::warn!("rank {rank}: tcp: dropped a connection with a wrong hello");
+                return false;
+            };
+            if streams[peer].is_none() && s.set_nonblocking(false).is_ok() {
+                streams[peer] = s.try_clone().ok();
+            }
+            false
+        });
+        if idle {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    Ok(())
+}
+
+fn hello(secret: &[u8; 16], rank: usize, world: usize) -> [u8; HELLO_BYTES] {
+    let mut h = [0u8; HELLO_BYTES];
+    h[..8].copy_from_slice(HELLO_MAGIC);
+    h[8..24].copy_from_slice(secret);
+    h[24..28].copy_from_slice(&(rank as u32).to_le_bytes());
+    h[28..32].copy_from_slice(&(world as u32).to_le_bytes());
+    h
+}
+
+/// The rank a hello names, if it is ours (magic, secret, world) and from a lower rank.
+fn check_hello(h: &[u8], secret: &[u8; 16], rank: usize, world: usize) -> Option<usize> {
+    let u32_at = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().expect("4 bytes"));
+    let ok = &h[..8] == HELLO_MAGIC && &h[8..24] == secret && u32_at(28) as usize == world;
+    let peer = u32_at(24) as usize;
+    (ok && peer < rank).then_some(peer)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+fn bad_setup(what: &str) -> Error {
+    Error::Remote(format!("tcp set-up: {what}"))
+}
+
+impl TcpDevice {
+    /// The state of `peer` (links only connect distinct ranks).
+    fn peer(&self, peer: usize) -> &Peer {
+        self.peers[peer]
+            .as_deref()
+            .expect("a link connects two distinct ranks")
+    }
+}
+
+impl RmaDevice for TcpDevice {
+    fn fifo_depth(&self) -> usize {
+        self.depth
+    }
+
+    fn channels(&self) -> usize {
+        1
+    }
+
+    fn expose(&self, ptr: *mut u8, _len: usize) -> Option<(u32, u64)> {
+        // The key is set per clear-to-send (its slot, see `post_cts`).
+        Some((0, ptr as u64))
+    }
+
+    fn exposes_user_memory(&self) -> bool {
+        true
+    }
+
+    fn post_cts(&self, peer: usize, slot: usize, entry: &CtsEntry) -> Result<()> {
+        let p = self.peer(peer);
+        lock(&p.regions)[slot] = Region {
+            open: true,
+            read: entry.nreqs & CTS_READ != 0,
+            addr: entry.addr,
+            len: entry.size,
+        };
+        let mut h = Header::new(Kind::Cts);
+        h.slot = slot as u32;
+        h.len = frame::CTS_BYTES as u64;
+        let e = CtsEntry {
+            key: slot as u32,
+            ..*entry
+        };
+        // A peer that is gone by now needs no clear-to-send: if its message is here, the
+        // receive completes; if not, the wait for it names the lost peer (`peer_health`).
+        let _ = p.send(&h, &frame::encode_cts(&e));
+        Ok(())
+    }
+
+    fn poll_cts(&self, peer: usize, slot: usize, idx: u32) -> Option<CtsEntry> {
+        self.peer(peer).cts[slot].load(idx)
+    }
+
+    unsafe fn write(
+        &self,
+        peer: usize,
+        src: *const u8,
+        len: usize,
+        key: u32,
+        addr: u64,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let mut h = Header::new(Kind::Write);
+        (h.slot, h.addr, h.len) = (key, addr, len as u64);
+        // SAFETY: `src` is valid for `len` reads by contract.
+        let payload = unsafe { std::slice::from_raw_parts(src, len) };
+        self.peer(peer).send(&h, payload)
+    }
+
+    unsafe fn read(
+        &self,
+        peer: usize,
+        dst: *mut u8,
+        len: usize,
+        key: u32,
+        addr: u64,
+        _to: CopyTo,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let p = self.peer(peer);
+        let _one_at_a_time = lock(&p.reading);
+        let id = self.read_ids.fetch_add(1, Ordering::Relaxed);
+        *lock(&p.read) = Some(PendingRead {
+            id,
+            dst,
+            len: len as u64,
+            done: false,
+        });
+        let mut h = Header::new(Kind::ReadReq);
+        (h.slot, h.a, h.addr, h.len) = (key, id, addr, len as u64);
+        let sent = p.send(&h, &[]);
+        let deadline = Instant::now() + self.timeout;
+        let mut pending = lock(&p.read);
+        let outcome = loop {
+            if let Err(e) = &sent {
+                break Err(e.clone());
+            }
+            if pending.is_some_and(|r| r.done) {
+                break Ok(());
+            }
+            if let Some(why) = &*lock(&p.dead) {
+                break Err(Error::Remote(format!("{} is unreachable: {why}", p.desc)));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                break Err(Error::Timeout(format!(
+                    "a read of {len} bytes from {} took longer than {:.1} s",
+                    p.desc,
+                    self.timeout.as_secs_f64()
+                )));
+            }
+            let wait = (deadline - now).min(Duration::from_millis(100));
+            pending = p
+                .read_done
+                .wait_timeout(pending, wait)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        };
+        // No longer pending: a late response finds nothing to fill (and ends the connection).
+        *pending = None;
+        outcome
+    }
+
+    fn write_imm(&self, peer: usize, slot: usize, imm: u32, len: u64) -> Result<()> {
+        let mut h = Header::new(Kind::Imm);
+        (h.slot, h.a, h.len) = (slot as u32, imm, len);
+        self.peer(peer).send(&h, &[])
+    }
+
+    fn poll_imm(&self, peer: usize, slot: usize, want: u32) -> Option<(u32, u64)> {
+        let (imm, len) = &self.peer(peer).imm[slot];
+        let v = imm.load(Ordering::Acquire);
+        (v & !IMM_ERROR == want).then(|| (v, len.load(Ordering::Relaxed)))
+    }
+
+    fn eager_max(&self) -> usize {
+        EAGER_MAX
+    }
+
+    unsafe fn eager_write(
+        &self,
+        peer: usize,
+        slot: usize,
+        idx: u32,
+        tag: u32,
+        src: *const u8,
+        len: usize,
+    ) -> Result<()> {
+        if len > EAGER_MAX {
+            return Err(Error::Internal(format!(
+                "eager message of {len} bytes (at most {EAGER_MAX})"
+            )));
+        }
+        let mut h = Header::new(Kind::Eager);
+        (h.slot, h.a, h.b, h.len) = (slot as u32, idx, tag, len as u64);
+        let payload = if len == 0 {
+            &[][..]
+        } else {
+            // SAFETY: `src` is valid for `len` reads by contract.
+            unsafe { std::slice::from_raw_parts(src, len) }
+        };
+        self.peer(peer).send(&h, payload)
+    }
+
+    fn eager_peek(&self, peer: usize, slot: usize, idx: u32) -> Option<EagerHeader> {
+        let s = &self.peer(peer).eager[slot];
+        (s.idx.load(Ordering::Acquire) == idx).then(|| EagerHeader {
+            tag: s.tag.load(Ordering::Relaxed),
+            len: s.len.load(Ordering::Relaxed) as usize,
+        })
+    }
+
+    unsafe fn eager_read(&self, peer: usize, slot: usize, dst: *mut u8, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let s = &self.peer(peer).eager[slot];
+        // SAFETY: the caller saw the message's header (acquire), so the slot is full and the
+        // receiving thread leaves it alone until our credit empties it; it holds `len` bytes
+        // of payload (the caller's contract) and `dst` is valid for them.
+        unsafe { std::ptr::copy_nonoverlapping((*s.payload.get()).as_ptr(), dst, len) };
+    }
+
+    fn post_credit(&self, peer: usize, slot: usize, seq: u32) -> Result<()> {
+        let p = self.peer(peer);
+        p.eager[slot].full.store(false, Ordering::Release);
+        let mut h = Header::new(Kind::Credit);
+        (h.slot, h.a) = (slot as u32, seq.wrapping_add(1));
+        // The receive is complete: a peer that is gone by now (it finished and closed the
+        // connection) needs no credit, and one that still sends learns of the loss itself.
+        let _ = p.send(&h, &[]);
+        Ok(())
+    }
+
+    fn credit(&self, peer: usize, slot: usize) -> u32 {
+        self.peer(peer).credits[slot].load(Ordering::Acquire)
+    }
+
+    fn post_ack(&self, peer: usize) -> Result<()> {
+        // As for credits: a peer that is gone waits for no ack.
+        let _ = self.peer(peer).send(&Header::new(Kind::Ack), &[]);
+        Ok(())
+    }
+
+    fn acks(&self, peer: usize) -> u32 {
+        self.peer(peer).acks.load(Ordering::Acquire)
+    }
+
+    fn peer_health(&self, peer: usize) -> Result<()> {
+        self.check_peers_failed()?;
+        self.peer(peer).health()
+    }
+
+    fn peer_desc(&self, peer: usize) -> String {
+        self.peer(peer).desc.clone()
+    }
+
+    fn op_history(&self, peer: Option<usize>) -> Vec<OpRecord> {
+        match peer {
+            None => lock(&self.ops).iter().rev().copied().collect(),
+            // Peers' records stay on their hosts.
+            Some(_) => Vec::new(),
+        }
+    }
+
+    fn peer_op(&self, _peer: usize, _tag: u32) -> Option<String> {
+        None
+    }
+
+    fn local_op(&self, tag: u32) -> Option<String> {
+        let ops = self.op_history(None);
+        let record = ops.iter().find(|r| r[0] as u32 == tag).or(ops.first())?;
+        self.op_formatter.get().and_then(|f| f(record))
+    }
+}
+
+impl Transport for TcpDevice {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+    fn doorbell(&self) -> Doorbell {
+        self.bell.clone()
+    }
+    fn window(&self) -> (*mut u8, usize) {
+        (self.window.as_ptr(), self.window.len())
+    }
+    fn user_mem_links(&self) -> bool {
+        true
+    }
+    fn is_shared_user_memory(&self, _ptr: *const u8, _len: usize) -> bool {
+        false
+    }
+    fn set_op(&self, record: &OpRecord) {
+        let mut ops = lock(&self.ops);
+        if ops.len() == OP_HISTORY {
+            ops.pop_front();
+        }
+        ops.push_back(*record);
+    }
+    fn set_op_formatter(&self, f: OpFormatter) {
+        let _ = self.op_formatter.set(f);
+    }
+    fn mark_failed(&self, msg: &str) {
+        if self.failed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let text = &msg.as_bytes()[..msg.len().min(MAX_TEXT as usize)];
+        let mut h = Header::new(Kind::Fail);
+        h.len = text.len() as u64;
+        for p in self.peers.iter().flatten() {
+            // Best effort: a peer that is gone learns it from the closed connection.
+            let _ = p.send(&h, text);
+        }
+    }
+    fn check_peers_failed(&self) -> Result<()> {
+        for p in self.peers.iter().flatten() {
+            if let Some(m) = &*lock(&p.failed) {
+                return Err(Error::Remote(format!("{} failed: {m}", p.desc)));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for TcpDevice {
+    /// Closes each connection gracefully: our side stops sending (the peer reads to the end
+    /// of what we sent), and the receiving thread keeps draining until the peer closes too. A
+    /// socket closed with unread data would send a reset instead, which can make the peer lose
+    /// data it has received but not read yet.
+    fn drop(&mut self) {
+        for p in self.peers.iter().flatten() {
+            let _ = lock(&p.out).shutdown(std::net::Shutdown::Write);
+        }
+    }
+}

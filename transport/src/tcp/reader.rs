@@ -1,0 +1,165 @@
+//! The receiving thread of one peer's connection: it blocks in `read` (no core burnt while
+//! idle), applies each frame to the peer's state ([`super::peer`]), and rings the doorbell the
+//! engine's idle driver sleeps on. A one-sided write's payload is received straight into the
+//! memory the matching clear-to-send named, a read response's into the reader's buffer: no
+//! staging copy.
+//!
+//! The thread ends when the connection closes or the peer breaks the protocol; either way the
+//! peer is recorded dead with the reason, so every wait on it fails at its next health check.
+
+use std::io::Read;
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use ampccl_runtime::doorbell::Doorbell;
+use ampccl_runtime::{Error, Result};
+
+use super::frame::{self, CTS_BYTES, HEADER, Header, Kind, bad};
+use super::peer::{Peer, lock};
+
+/// What the reader needs besides the peer.
+pub(super) struct Reader {
+    pub peer: Arc<Peer>,
+    pub stream: TcpStream,
+    pub bell: Doorbell,
+    pub depth: usize,
+    pub eager_max: usize,
+}
+
+impl Reader {
+    /// Runs until the connection ends; records why.
+    pub fn run(mut self) {
+        let why = loop {
+            match self.next() {
+                Ok(true) => self.bell.ring(),
+                Ok(false) => break "the connection was closed".to_string(),
+                Err(e) => break e.to_string(),
+            }
+        };
+        self.peer.set_dead(why);
+        self.bell.ring();
+    }
+
+    /// Receives and applies one frame; `Ok(false)` at a clean end of the stream.
+    fn next(&mut self) -> Result<bool> {
+        let mut head = [0u8; HEADER];
+        match self.stream.read(&mut head[..1]) {
+            Ok(0) => return Ok(false),
+            Ok(_) => {}
+            Err(e) => return Err(Error::Remote(format!("connection lost: {e}"))),
+        }
+        self.fill(&mut head[1..])?;
+        let h = Header::decode(&head, self.depth, self.eager_max)?;
+        let peer = self.peer.clone();
+        let slot = h.slot as usize;
+        match h.kind {
+            Kind::Cts => {
+                let mut b = [0u8; CTS_BYTES];
+                self.fill(&mut b)?;
+                peer.cts[slot].store(&frame::decode_cts(&b));
+            }
+            Kind::Write => {
+                self.check_region(slot, h.addr, h.len, false)?;
+                // SAFETY: `[addr, addr + len)` lies inside the memory our clear-to-send of this
+                // slot named, which the receive owning it keeps valid and untouched until the
+                // transfer's immediate closes the region (after this payload, in stream order).
+                let dst =
+                    unsafe { std::slice::from_raw_parts_mut(h.addr as *mut u8, h.len as usize) };
+                self.fill(dst)?;
+            }
+            Kind::Imm => {
+                lock(&peer.regions)[slot].open = false;
+                let (imm, len) = &peer.imm[slot];
+                len.store(h.len, Ordering::Relaxed);
+                imm.store(h.a, Ordering::Release);
+            }
+            Kind::Eager => {
+                let s = &peer.eager[slot];
+                if s.full.load(Ordering::Acquire) {
+                    return Err(bad(format!("eager message into the full slot {slot}")));
+                }
+                // SAFETY: the slot is empty, so the engine does not read its payload until
+                // `full` is set below; its length is `eager_max` >= `h.len` (checked by
+                // `Header::decode`).
+                let payload = unsafe { &mut *s.payload.get() };
+                self.fill(&mut payload[..h.len as usize])?;
+                s.tag.store(h.b, Ordering::Relaxed);
+                s.len.store(h.len as u32, Ordering::Relaxed);
+                s.full.store(true, Ordering::Relaxed);
+                s.idx.store(h.a, Ordering::Release);
+            }
+            Kind::Credit => peer.credits[slot].store(h.a, Ordering::Release),
+            Kind::Ack => {
+                peer.acks.fetch_add(1, Ordering::Release);
+            }
+            Kind::ReadReq => {
+                self.check_region(slot, h.addr, h.len, true)?;
+                // SAFETY: inside the memory our offer of this slot named, which stays valid
+                // and unmodified until the reader's immediate completes the offer.
+                let src =
+                    unsafe { std::slice::from_raw_parts(h.addr as *const u8, h.len as usize) };
+                let mut resp = Header::new(Kind::ReadResp);
+                resp.a = h.a;
+                resp.len = h.len;
+                peer.send(&resp, src)?;
+            }
+            Kind::ReadResp => self.read_response(&h)?,
+            Kind::Fail => {
+                let mut text = vec![0u8; h.len as usize];
+                self.fill(&mut text)?;
+                peer.set_failed(String::from_utf8_lossy(&text).into_owned());
+            }
+        }
+        Ok(true)
+    }
+
+    /// Fills `buf` from the stream (the frame's rest must come).
+    fn fill(&mut self, buf: &mut [u8]) -> Result<()> {
+        self.stream
+            .read_exact(buf)
+            .map_err(|e| Error::Remote(format!("connection lost in a frame: {e}")))
+    }
+
+    /// Checks that the peer's write (or read) of `len` bytes at `addr` lies inside the open
+    /// region of clear-to-send `slot`, of the right way.
+    fn check_region(&self, slot: usize, addr: u64, len: u64, read: bool) -> Result<()> {
+        let r = lock(&self.peer.regions)[slot];
+        let inside = addr.checked_add(len).is_some_and(|end| {
+            addr >= r.addr && r.addr.checked_add(r.len).is_some_and(|r_end| end <= r_end)
+        });
+        if r.open && r.read == read && (inside || len == 0) {
+            return Ok(());
+        }
+        Err(bad(format!(
+            "{} of {len} bytes at {addr:#x} outside what clear-to-send {slot} offers",
+            if read { "a read" } else { "a write" }
+        )))
+    }
+
+    /// Receives the answer to our pending read straight into its buffer. The pending read's
+    /// lock is held while the payload comes in, so the read cannot give its buffer up (at its
+    /// timeout) in the middle of it.
+    fn read_response(&mut self, h: &Header) -> Result<()> {
+        let peer = self.peer.clone();
+        let mut pending = lock(&peer.read);
+        let Some(p) = pending
+            .as_mut()
+            .filter(|p| p.id == h.a && p.len == h.len && !p.done)
+        else {
+            return Err(bad(format!(
+                "an unexpected read response ({} bytes)",
+                h.len
+            )));
+        };
+        // SAFETY: the read that owns `dst` keeps it valid for `len` bytes while it is pending,
+        // and it stops being pending only under this lock.
+        let dst = unsafe { std::slice::from_raw_parts_mut(p.dst, p.len as usize) };
+        self.stream
+            .read_exact(dst)
+            .map_err(|e| Error::Remote(format!("connection lost in a read response: {e}")))?;
+        p.done = true;
+        peer.read_done.notify_all();
+        Ok(())
+    }
+}
