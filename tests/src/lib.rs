@@ -27,6 +27,9 @@ use std::time::{Duration, Instant};
 use ampccl::{Communicator, Error, UniqueId};
 
 pub mod data;
+pub mod hosts;
+
+pub use hosts::Hosts;
 
 /// Name of the one worker test every test binary defines.
 pub const WORKER_TEST: &str = "worker_entry";
@@ -95,9 +98,13 @@ pub fn rank_world() -> (usize, usize) {
     (get("RANK"), get("WORLD_SIZE"))
 }
 
-/// Joins the communicator the launcher set up (`AMPCCL_UNIQUE_ID`, `RANK`, `WORLD_SIZE`).
+/// Joins the communicator the launcher set up (`AMPCCL_UNIQUE_ID`, `RANK`, `WORLD_SIZE`; on
+/// emulated hosts, see [`Launch::on_hosts`], `MASTER_ADDR`/`MASTER_PORT` instead of the id).
 pub fn init_comm() -> Result<Communicator, String> {
     let (rank, world) = rank_world();
+    if std::env::var_os("AMPCCL_UNIQUE_ID").is_none() && std::env::var_os("MASTER_ADDR").is_some() {
+        return Communicator::from_env().map_err(|e| format!("init rank {rank}/{world}: {e}"));
+    }
     let hex = std::env::var("AMPCCL_UNIQUE_ID").map_err(|_| "AMPCCL_UNIQUE_ID is not set")?;
     let id = UniqueId::from_hex(&hex).map_err(|e| format!("bad AMPCCL_UNIQUE_ID: {e}"))?;
     Communicator::init(&id, rank, world).map_err(|e| format!("init rank {rank}/{world}: {e}"))
@@ -170,6 +177,8 @@ pub struct Launch {
     kill: Option<(usize, Duration)>,
     unique_id: bool,
     reap_in_order: bool,
+    /// The emulated hosts and the host of each rank ([`Launch::on_hosts`]).
+    hosts: Option<(Hosts, Vec<usize>)>,
 }
 
 /// Launches `world` ranks running `scenario` with `extra_env` added, waits for all of them and
@@ -194,6 +203,7 @@ impl Launch {
             kill: None,
             unique_id: true,
             reap_in_order: false,
+            hosts: None,
         }
     }
 
@@ -246,6 +256,28 @@ impl Launch {
         self
     }
 
+    /// Runs rank `r` on emulated host `placement[r]` (one entry per rank of the world, e.g.
+    /// `&[0, 0, 1, 1]`): its process starts through [`Hosts::command`], with `AMPCCL_TEST_HOST`
+    /// set to its host index. The launcher (outside every host) cannot host the rendezvous root,
+    /// so no unique id is generated: the ranks rendezvous torchrun-style, rank 0 hosting the
+    /// root on its host's address (`MASTER_ADDR` = [`Hosts::addr`] of rank 0's host,
+    /// `MASTER_PORT` a port, `AMPCCL_TOKEN` unique to the launch); [`init_comm`] and
+    /// `Bootstrap::from_env` / `Communicator::from_env` pick that up. Everything else
+    /// (environment, deadline, kills, results) is as without hosts.
+    pub fn on_hosts(mut self, hosts: &Hosts, placement: &[usize]) -> Launch {
+        assert_eq!(
+            placement.len(),
+            self.world,
+            "on_hosts: one host index per rank of the world"
+        );
+        if let Some(&h) = placement.iter().find(|&&h| h >= hosts.len()) {
+            panic!("on_hosts: host {h} of {} hosts", hosts.len());
+        }
+        self.hosts = Some((hosts.clone(), placement.to_vec()));
+        self.unique_id = false;
+        self
+    }
+
     /// Runs the ranks and returns their results (in rank order); panics on a failure.
     pub fn run(self) -> Vec<RankResult> {
         let (results, failure) = self.run_unchecked();
@@ -262,10 +294,29 @@ impl Launch {
             .unique_id
             .then(|| UniqueId::generate().expect("UniqueId::generate").to_hex());
         let exe = std::env::current_exe().expect("current_exe");
+        // On emulated hosts: rank 0 hosts the root on its host's address (a fresh network
+        // namespace: any port is free there).
+        let master = self.hosts.as_ref().map(|(hosts, placement)| {
+            static LAUNCHES: std::sync::atomic::AtomicUsize =
+                std::sync::atomic::AtomicUsize::new(0);
+            let n = LAUNCHES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            (
+                hosts.addr(placement[0]).to_string(),
+                free_port().to_string(),
+                format!("ampccl-test-{}-{n}", std::process::id()),
+            )
+        });
         let start = Instant::now();
         let mut children: Vec<(usize, Child, Option<JoinHandle<String>>)> = Vec::new();
         for &rank in &self.ranks {
-            let mut cmd = Command::new(&exe);
+            let mut cmd = match &self.hosts {
+                Some((hosts, placement)) => {
+                    let mut c = hosts.command(placement[rank], &exe);
+                    c.env("AMPCCL_TEST_HOST", placement[rank].to_string());
+                    c
+                }
+                None => Command::new(&exe),
+            };
             cmd.args(["--exact", WORKER_TEST, "--nocapture", "--test-threads=1"]);
             for k in [
                 "AMPCCL_RANK",
@@ -285,6 +336,11 @@ impl Launch {
                 .env("RUST_BACKTRACE", "0");
             if let Some(id) = &id {
                 cmd.env("AMPCCL_UNIQUE_ID", id);
+            }
+            if let Some((addr, port, token)) = &master {
+                cmd.env("MASTER_ADDR", addr)
+                    .env("MASTER_PORT", port)
+                    .env("AMPCCL_TOKEN", token);
             }
             for (k, v) in &self.env {
                 match v {
