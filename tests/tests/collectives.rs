@@ -8,7 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use ampccl::{Communicator, ReduceOp, SharedBuf};
 use ampccl_tests::data::{TestElem, check, input, mix, reduced};
-use ampccl_tests::{Outcome, each_dtype, err, init_comm, launch, worker};
+use ampccl_tests::{Hosts, Launch, Outcome, each_dtype, err, init_comm, launch, worker};
 
 /// Counts every dtype and op runs.
 const SMALL: [usize; 4] = [0, 1, 7, 1021];
@@ -494,3 +494,45 @@ fn shared_buffers_w3() {
         launch(3, scenario, &[(SHARED_VAR, "odd")]);
     }
 }
+
+/// Runs `scenario` with rank `r` on emulated host `placement[r]` (a network namespace with a
+/// private `/dev/shm` each, see `docs/TESTING.md`): ranks on different hosts talk over TCP.
+fn across_hosts(scenario: &str, placement: &[usize]) {
+    let hosts = placement.iter().max().map_or(1, |h| h + 1);
+    let Some(hosts) = Hosts::new_or_skip(hosts) else {
+        return;
+    };
+    Launch::new(placement.len(), scenario)
+        .on_hosts(&hosts, placement)
+        .run();
+}
+
+macro_rules! host_tests {
+    ($placement:expr; $($name:ident = $scenario:literal),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            across_hosts($scenario, &$placement);
+        }
+    )*};
+}
+
+host_tests!([0, 1];
+    hosts_2x1_allreduce = "allreduce",
+    hosts_2x1_allgather = "allgather",
+    hosts_2x1_reduce_scatter = "reduce_scatter",
+    hosts_2x1_broadcast = "broadcast",
+    hosts_2x1_reduce = "reduce",
+    hosts_2x1_all_to_all = "all_to_all",
+    hosts_2x1_sendrecv = "sendrecv",
+    hosts_2x1_barrier = "barrier",
+);
+host_tests!([0, 1, 2];
+    hosts_3x1_allreduce = "allreduce",
+    hosts_3x1_allgather = "allgather",
+    hosts_3x1_broadcast = "broadcast",
+    hosts_3x1_reduce_scatter = "reduce_scatter",
+);
+host_tests!([0, 0, 1, 1];
+    hosts_2x2_allreduce = "allreduce",
+    hosts_2x2_all_to_all = "all_to_all",
+);

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use ampccl::{Communicator, Error, ReduceOp};
 use ampccl_tests::{
-    Launch, Outcome, RankResult, describe, ensure, err, init_comm, rank_world, shm_segments_of,
-    worker,
+    Hosts, Launch, Outcome, RankResult, describe, ensure, err, init_comm, rank_world,
+    shm_segments_of, worker,
 };
 
 /// How long a failure may take to surface once its cause happened.
@@ -85,6 +85,7 @@ fn worker_entry() {
         "stuck_peer" => stuck_peer(),
         "abort" => abort(),
         "abort_after_completion" => abort_after_completion(),
+        "link_lost" => link_lost(),
         s => Err(format!("unknown scenario {s:?}")),
     });
 }
@@ -235,6 +236,34 @@ fn abort_after_completion() -> Outcome {
         c.barrier().map_err(err("barrier"))?;
     }
     Ok(())
+}
+
+/// Both ranks loop over 1 MiB allreduces until the launcher takes host 1's link down: each
+/// must then fail within `AMPCCL_TIMEOUT_S` (3 s here) and some seconds of slack, naming the
+/// rank it waited for.
+fn link_lost() -> Outcome {
+    let c = init_comm()?;
+    let start = Instant::now();
+    let mut buf = vec![1f32; 1 << 18];
+    loop {
+        let t = Instant::now();
+        match c.all_reduce_in_place(&mut buf, ReduceOp::Sum) {
+            Ok(()) if start.elapsed() > Duration::from_secs(20) => {
+                return Err("still running 20 s after the start".into());
+            }
+            Ok(()) => {}
+            Err(e @ (Error::Timeout(_) | Error::Remote(_))) => {
+                let peer = format!("rank {}", 1 - c.rank());
+                ensure(format!("{e}").contains(&peer), || {
+                    format!("{e} names not {peer}")
+                })?;
+                return ensure(t.elapsed() < Duration::from_secs(8), || {
+                    format!("the failing call took {:?}", t.elapsed())
+                });
+            }
+            Err(e) => return Err(format!("expected Timeout or Remote: {e:?}")),
+        }
+    }
 }
 
 /// Rank 1 dies while the others loop over `op`: their pending call must fail with `Remote`
@@ -585,4 +614,39 @@ fn tcp_abort_after_completion_w2() {
 #[test]
 fn abort_w2() {
     quick(2, "abort");
+}
+
+/// A rank killed on another (emulated) host: its connections close, the survivor names it.
+#[test]
+fn hosts_killed_rank_small_allgather() {
+    let Some(hosts) = Hosts::new_or_skip(2) else {
+        return;
+    };
+    let res = Launch::new(2, "killed_rank_small_allgather")
+        .on_hosts(&hosts, &[0, 1])
+        .may_die(1)
+        .env("AMPCCL_TIMEOUT_S", "60")
+        .deadline(Duration::from_secs(45))
+        .run();
+    assert_died(&res, 1, libc::SIGABRT);
+}
+
+/// A host's link taken down in the middle of a collective: nothing closes, nothing arrives;
+/// both ranks fail within `AMPCCL_TIMEOUT_S`, naming the other.
+#[test]
+fn hosts_link_down_mid_collective() {
+    let Some(hosts) = Hosts::new_or_skip(2) else {
+        return;
+    };
+    let cut = hosts.clone();
+    let cutter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        cut.link_down(1)
+    });
+    Launch::new(2, "link_lost")
+        .on_hosts(&hosts, &[0, 1])
+        .env("AMPCCL_TIMEOUT_S", "3")
+        .deadline(Duration::from_secs(40))
+        .run();
+    cutter.join().expect("cutter").expect("link down");
 }
