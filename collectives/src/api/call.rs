@@ -172,12 +172,7 @@ pub(crate) fn make_call(
         in_place,
         seq: 0,
     };
-    Ok(Call {
-        p,
-        collective: None,
-        input,
-        output,
-    })
+    Ok(Call { p, input, output })
 }
 
 /// A region of unknown length (C callers give no lengths): empty when `ptr` is null.

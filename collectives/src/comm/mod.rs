@@ -49,9 +49,9 @@ pub(crate) struct CommInner {
     /// Streams of group members (grown on demand).
     group_streams: Mutex<Vec<Stream>>,
     seq: AtomicU64,
-    /// Collectives issued so far: every rank runs them in one order, so the count names the
-    /// same operation on every rank (point-to-point calls do not count; see
-    /// [`OpParam::to_record`]).
+    /// Collectives orchestrated so far: every rank runs them in one order, so the count names
+    /// the same operation on every rank (point-to-point calls do not count; see
+    /// [`OpParam::to_record`]). Changed only by `orchestrate`, which submissions serialize.
     collectives: AtomicU64,
     /// Where the next call's first receive slot in `CclIn` starts (see
     /// [`crate::steps::window`]); read and written by `orchestrate` under `link_table`'s lock.
@@ -291,8 +291,6 @@ impl Communicator {
         }
         for call in calls.iter_mut() {
             call.p.seq = c.seq.fetch_add(1, Ordering::Relaxed);
-            call.collective =
-                (!call.p.kind.is_p2p()).then(|| c.collectives.fetch_add(1, Ordering::Relaxed));
         }
         let mut last = c.last.lock().unwrap_or_else(|e| e.into_inner());
         let prior = last
@@ -343,9 +341,6 @@ impl Communicator {
 /// A validated operation: its parameters and buffers.
 pub(crate) struct Call {
     pub p: OpParam,
-    /// The collective's number among this communicator's collectives (set at submission;
-    /// `None` for sends and receives).
-    pub collective: Option<u64>,
     pub input: Region,
     pub output: Region,
 }
@@ -389,8 +384,13 @@ impl CommInner {
             input: shared(call.input),
             output: shared(call.output),
         };
+        let collective = (!p.kind.is_p2p()).then(|| {
+            let n = self.collectives.load(Ordering::Relaxed);
+            self.collectives.store(n + 1, Ordering::Relaxed);
+            n
+        });
         self.transport
-            .set_op(&p.to_record(plan.fingerprint, call.collective));
+            .set_op(&p.to_record(plan.fingerprint, collective));
         let links = self.link_table.lock().unwrap_or_else(|e| e.into_inner());
         let mut sink = StreamSink {
             main: stream,
