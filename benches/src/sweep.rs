@@ -163,13 +163,14 @@ fn sweep<T: Num>(
     let print = rank == 0;
     if print {
         println!(
-            "# ampccl-perf {}: {} ranks, transport shm ({}), {} buffers, {} iterations, {} warm-up",
+            "# ampccl-perf {}: {} ranks, transport {} ({}), {} buffers, {} iterations, {} warm-up",
             work.collective,
             n,
-            if comm.uses_cross_memory_attach() {
-                "cross-memory attach"
-            } else {
-                "bounce buffers"
+            comm.transport_name(),
+            match (comm.transport_name(), comm.uses_cross_memory_attach()) {
+                ("shm", true) => "cross-memory attach",
+                ("shm", false) => "bounce buffers",
+                _ => "straight into user buffers",
             },
             if args.registered != 0 {
                 "shared"

@@ -187,9 +187,14 @@ impl Communicator {
     }
 
     /// Whether the transport moves data straight between user buffers (cross-memory attach
-    /// between local ranks) rather than through the communicator's window.
+    /// between local ranks, or TCP) rather than through the communicator's window.
     pub fn uses_cross_memory_attach(&self) -> bool {
         self.inner.transport.user_mem_links()
+    }
+
+    /// The name of the transport provider that connects the ranks (`shm`, `tcp`).
+    pub fn transport_name(&self) -> &'static str {
+        self.inner.transport.name()
     }
 
     /// The first error this communicator met, if any (like `ncclCommGetAsyncError`).
