@@ -3,6 +3,7 @@
 
 use ampccl_runtime::Result;
 use ampccl_runtime::param::{Param, Unit};
+use ampccl_transport::topology::Topology;
 
 use crate::op::OpParam;
 use crate::resource::{AlgResourceRequest, AlgResourceResponse};
@@ -24,7 +25,7 @@ pub trait Executor: Send + Sync {
 
 /// What an operator may consult when selecting an algorithm.
 #[derive(Clone, Copy, Debug)]
-pub struct SelectCtx {
+pub struct SelectCtx<'a> {
     /// Bytes of each CCL buffer.
     pub ccl_size: usize,
     /// Peers can receive straight into user memory.
@@ -35,9 +36,11 @@ pub struct SelectCtx {
     /// Bytes of this host's last-level cache (the least any local rank reported at init), 0 if
     /// unknown: algorithms whose copies pay for missing it can step aside beyond it.
     pub cache_bytes: usize,
+    /// Which ranks share a host.
+    pub topology: &'a Topology,
 }
 
-impl SelectCtx {
+impl SelectCtx<'_> {
     /// [`beyond_cache`] on this host.
     pub fn beyond_cache(&self, bytes: usize) -> bool {
         beyond_cache(self.cache_bytes, bytes)

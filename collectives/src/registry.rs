@@ -105,6 +105,7 @@ impl std::fmt::Display for Registry {
 mod tests {
     use super::*;
     use crate::algorithms::allreduce_ring;
+    use ampccl_transport::topology::Topology;
 
     #[test]
     fn builtins_cover_every_kind_and_duplicates_are_refused() {
@@ -150,11 +151,13 @@ mod tests {
                         seq: 0,
                     };
                     for user_mem_links in [false, true] {
+                        let topology = Topology::single_host(world, 0);
                         let ctx = SelectCtx {
                             ccl_size: 4 << 20,
                             user_mem_links,
                             oversubscribed: world > 2,
                             cache_bytes: 32 << 20,
+                            topology: &topology,
                         };
                         let (name, _) = crate::operator::for_kind(kind).select_alg(&p, &ctx);
                         let e = r

@@ -10,6 +10,7 @@ use std::cell::Cell;
 
 pub use ampccl_runtime::task::CopyTo;
 use ampccl_runtime::{DataType, ReduceOp, Result};
+use ampccl_transport::topology::Topology;
 
 /// The buffers an executor can name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -278,6 +279,8 @@ pub struct AlgResourceResponse<'a> {
     /// Bytes of the host's last-level cache (see [`crate::executor::SelectCtx::cache_bytes`]),
     /// 0 if unknown.
     pub cache_bytes: usize,
+    /// Which ranks share a host.
+    pub topology: &'a Topology,
     /// Where the next receive slot in `CclIn` starts (kept across calls, see
     /// [`crate::steps::window`]).
     pub ccl_in_cursor: &'a Cell<usize>,

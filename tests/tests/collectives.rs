@@ -30,6 +30,7 @@ fn worker_entry() {
             "all_to_all" => each_dtype!(all_to_all(c)),
             "sendrecv" => each_dtype!(sendrecv(c)),
             "barrier" => barrier(c)?,
+            "topology" => topology(c)?,
             s => return Err(format!("unknown scenario {s:?}")),
         }
         comm.destroy().map_err(err("destroy"))
@@ -495,6 +496,28 @@ fn shared_buffers_w3() {
     }
 }
 
+/// The communicator's topology matches where the launcher placed the ranks: the host of each
+/// rank (`AMPCCL_TEST_HOST`; hosts are numbered by their lowest rank, and the tests place them
+/// so), and each rank among its host's ranks.
+fn topology(c: &Communicator) -> Outcome {
+    let t = c.topology();
+    let host = std::env::var("AMPCCL_TEST_HOST").map_or(Ok(0), |h| h.parse::<usize>());
+    let host = host.map_err(|e| format!("AMPCCL_TEST_HOST: {e}"))?;
+    let want_hosts = std::env::var("EXPECT_HOSTS").map_or(1, |h| h.parse().unwrap_or(0));
+    if t.host_of(c.rank()) != host || t.hosts() != want_hosts {
+        return Err(format!(
+            "rank {} on host {host} of {want_hosts}: the topology says {} ({})",
+            c.rank(),
+            t.host_of(c.rank()),
+            t.summary()
+        ));
+    }
+    if !t.local_ranks().contains(&c.rank()) {
+        return Err("a rank is not among its host's ranks".into());
+    }
+    Ok(())
+}
+
 /// Runs `scenario` with rank `r` on emulated host `placement[r]` (a network namespace with a
 /// private `/dev/shm` each, see `docs/TESTING.md`): ranks on different hosts talk over TCP.
 fn across_hosts(scenario: &str, placement: &[usize]) {
@@ -536,3 +559,20 @@ host_tests!([0, 0, 1, 1];
     hosts_2x2_allreduce = "allreduce",
     hosts_2x2_all_to_all = "all_to_all",
 );
+
+#[test]
+fn topology_on_one_host() {
+    launch(3, "topology", &[]);
+}
+
+/// 3 hosts with 2, 1 and 2 ranks: each rank finds its host in the communicator's topology.
+#[test]
+fn hosts_topology() {
+    let Some(hosts) = Hosts::new_or_skip(3) else {
+        return;
+    };
+    Launch::new(5, "topology")
+        .on_hosts(&hosts, &[0, 0, 1, 2, 2])
+        .env("EXPECT_HOSTS", "3")
+        .run();
+}

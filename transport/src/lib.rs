@@ -1,6 +1,7 @@
 //! ampccl transports.
 //!
-//! - [`bootstrap`]: unique id, TCP rendezvous, out-of-band allgather/barrier/broadcast.
+//! - [`bootstrap`]: unique id, TCP rendezvous, out-of-band allgather/barrier/broadcast;
+//!   [`topology::Topology`]: which ranks share a host.
 //! - [`device`]: the one-sided RMA device interface; [`protocol`]: NCCL's receiver-driven
 //!   protocol over it, [`eager`] its variant for small messages; [`link::Link`]: HCCL's link primitives as stream tasks.
 //! - [`transport::Transport`]: a connected provider as a communicator holds it, and
@@ -17,6 +18,7 @@ pub mod shm;
 pub mod tcp;
 #[cfg(test)]
 pub(crate) mod testdev;
+pub mod topology;
 pub mod transport;
 
 pub use ampccl_runtime::{Error, Result};

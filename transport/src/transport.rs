@@ -67,9 +67,8 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<dyn Transp
     let provider = probe::select(boot, cfg.forced.as_deref(), cfg.shm_disable)?;
     if boot.rank() == 0 {
         tracing::info!(
-            "{} ranks on {} hosts connected by {}",
-            boot.world(),
-            hosts(boot),
+            "{} connected by {}",
+            boot.topology().summary(),
             provider.name()
         );
     }
@@ -84,14 +83,6 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<dyn Transp
         }
         Provider::Tcp => Ok(tcp::connect(boot, cfg)?),
     }
-}
-
-/// How many hosts the ranks of `boot` are on.
-fn hosts(boot: &Bootstrap) -> usize {
-    let mut ids = boot.host_ids().to_vec();
-    ids.sort_unstable();
-    ids.dedup();
-    ids.len()
 }
 
 impl Transport for ShmDevice {

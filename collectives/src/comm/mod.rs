@@ -13,6 +13,7 @@ use ampccl_runtime::stream::{Event, Stream};
 use ampccl_runtime::{Error, Result};
 use ampccl_transport::bootstrap::{Bootstrap, UniqueId};
 use ampccl_transport::link::Link;
+use ampccl_transport::topology::Topology;
 use ampccl_transport::transport::{self, Transport, TransportConfig};
 
 use crate::config::{self, Config};
@@ -59,6 +60,8 @@ pub(crate) struct CommInner {
     failed: AtomicBool,
     /// What the local ranks agreed on about their host at init.
     host: HostFacts,
+    /// Which ranks share a host.
+    topology: Topology,
     splits: AtomicU64,
 }
 
@@ -126,6 +129,7 @@ impl Communicator {
         // Spinning only pays when every local rank has a core of its own: otherwise a spinning
         // rank delays the peer that shares its core.
         let host = host_facts(&boot, config.cache_bytes)?;
+        let boot_topology = boot.topology();
         let default_spin = if host.oversubscribed {
             Duration::ZERO
         } else {
@@ -156,6 +160,7 @@ impl Communicator {
                 window_cursor: AtomicUsize::new(0),
                 failed: AtomicBool::new(false),
                 host,
+                topology: boot_topology,
                 splits: AtomicU64::new(0),
             }),
         })
@@ -190,6 +195,11 @@ impl Communicator {
     /// between local ranks, or TCP) rather than through the communicator's window.
     pub fn uses_cross_memory_attach(&self) -> bool {
         self.inner.transport.user_mem_links()
+    }
+
+    /// Which ranks share a host.
+    pub fn topology(&self) -> &Topology {
+        &self.inner.topology
     }
 
     /// The name of the transport provider that connects the ranks (`shm`, `tcp`).
@@ -366,6 +376,7 @@ impl CommInner {
             user_mem_links: self.transport.user_mem_links(),
             oversubscribed: self.host.oversubscribed,
             cache_bytes: self.host.cache_bytes,
+            topology: &self.topology,
         };
         let plan = self.plan(p, &ctx)?;
         let (entry, res) = (self.registry.at(plan.entry), &plan.res);
@@ -416,6 +427,7 @@ impl CommInner {
             user_mem_links: ctx.user_mem_links,
             shared_user,
             cache_bytes: ctx.cache_bytes,
+            topology: &self.topology,
             ccl_in_cursor: &cursor,
             tasks: &mut sink,
         };

@@ -41,13 +41,16 @@ mod tests {
     use super::*;
     use crate::op::OpKind;
     use crate::operator::selected;
+    use ampccl_transport::topology::Topology;
 
     fn pick(world: usize, bytes: usize, cache_bytes: usize, oversubscribed: bool) -> &'static str {
+        let topology = Topology::single_host(world, 0);
         let ctx = SelectCtx {
             ccl_size: 4 << 20,
             user_mem_links: true,
             oversubscribed,
             cache_bytes,
+            topology: &topology,
         };
         selected(OpKind::AllGather, bytes, world, false, &ctx)
     }

@@ -57,13 +57,16 @@ mod tests {
     use super::*;
     use crate::op::OpKind;
     use crate::operator::selected;
+    use ampccl_transport::topology::Topology;
 
     fn pick(bytes: usize, world: usize, in_place: bool, ccl_size: usize) -> &'static str {
+        let topology = Topology::single_host(world, 0);
         let ctx = SelectCtx {
             ccl_size,
             user_mem_links: true,
             oversubscribed: false,
             cache_bytes: 0,
+            topology: &topology,
         };
         selected(OpKind::AllReduce, bytes, world, in_place, &ctx)
     }

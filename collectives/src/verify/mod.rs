@@ -24,6 +24,8 @@ use std::cell::Cell;
 
 use ampccl_runtime::Error;
 
+use ampccl_transport::topology::Topology;
+
 use crate::executor::{Executor, SelectCtx};
 use crate::op::{OpKind, OpParam};
 use crate::operator;
@@ -233,11 +235,13 @@ pub fn verify_send_recv(
 
 /// The operator's choice for `param` under `cfg`.
 pub fn selection(param: &OpParam, cfg: &VerifyConfig) -> &'static str {
+    let topology = Topology::single_host(param.world, param.rank);
     let ctx = SelectCtx {
         ccl_size: cfg.ccl_size,
         user_mem_links: cfg.user_mem_links,
         oversubscribed: false,
         cache_bytes: 0,
+        topology: &topology,
     };
     operator::for_kind(param.kind).select_alg(param, &ctx).0
 }
@@ -397,6 +401,7 @@ fn record(job: &RankJob<'_>, cfg: &VerifyConfig) -> Result<RankSim, VerifyError>
             user_mem_links: cfg.user_mem_links,
             shared_user,
             cache_bytes: 0,
+            topology: &Topology::single_host(p.world, p.rank),
             ccl_in_cursor: &cursor,
             tasks: &mut rec,
         },

@@ -77,6 +77,8 @@ use std::time::{Duration, Instant};
 
 use ampccl_runtime::{Error, Result};
 
+use crate::topology::Topology;
+
 pub use env::{EnvConfig, JOB_ID_VARS, Rendezvous, parse_timeout_s, timeout_from_env};
 use link::{KIND_ALLGATHER, KIND_BARRIER, KIND_BROADCAST, KIND_P2P, Key, Link};
 pub use root::RootReport;
@@ -374,6 +376,11 @@ impl Bootstrap {
     /// which the other ranks reach; data transports listen there too.
     pub fn local_ip(&self) -> IpAddr {
         self.local_ip
+    }
+
+    /// Which ranks of this handle share a host.
+    pub fn topology(&self) -> Topology {
+        Topology::new(&self.host_ids, self.rank)
     }
 
     /// Host id of this process (FNV-1a of hostname and kernel boot id).

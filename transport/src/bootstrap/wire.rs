@@ -214,8 +214,18 @@ pub(crate) fn fnv1a128(parts: &[&[u8]]) -> u128 {
 }
 
 /// Identifier of this host: FNV-1a of the hostname and the kernel boot id
-/// (`/proc/sys/kernel/random/boot_id`), so two containers or reboots of one name still differ.
+/// (`/proc/sys/kernel/random/boot_id`), so two containers or reboots of one name still differ;
+/// `AMPCCL_HOSTID`, where set, replaces both (as `NCCL_HOSTID` does: ranks that set the same
+/// value count as one host).
 pub fn host_id() -> u64 {
+    host_id_from(std::env::var("AMPCCL_HOSTID").ok())
+}
+
+/// [`host_id`] with the value of `AMPCCL_HOSTID` given.
+fn host_id_from(override_id: Option<String>) -> u64 {
+    if let Some(id) = override_id.filter(|v| !v.is_empty()) {
+        return fnv1a64(&[b"AMPCCL_HOSTID", id.as_bytes()]);
+    }
     let read = |p: &str| std::fs::read_to_string(p).map(|s| s.trim().to_owned()).ok();
     let hostname = read("/proc/sys/kernel/hostname")
         .or_else(|| std::env::var("HOSTNAME").ok())
@@ -277,6 +287,12 @@ mod tests {
         assert_ne!(fnv1a64(&[b"ab", b"c"]), fnv1a64(&[b"a", b"bc"]));
         assert_ne!(fnv1a128(&[b"ab", b"c"]), fnv1a128(&[b"a", b"bc"]));
         assert_eq!(host_id(), host_id());
+        // AMPCCL_HOSTID replaces the hostname and boot id; empty is unset.
+        let a = host_id_from(Some("rack1-node7".into()));
+        assert_eq!(a, host_id_from(Some("rack1-node7".into())));
+        assert_ne!(a, host_id_from(Some("rack1-node8".into())));
+        assert_ne!(a, host_id_from(None));
+        assert_eq!(host_id_from(Some(String::new())), host_id_from(None));
         assert_eq!(pid_namespace(), pid_namespace());
     }
 
