@@ -18,7 +18,7 @@ fn bench_copy(c: &mut Criterion) {
             b.iter(|| black_box(&mut dst[..]).copy_from_slice(black_box(&src[..])))
         });
         group.bench_function(
-            if bytes >= STREAM_MIN {
+            if bytes >= STREAM_MIN.bytes() {
                 "ampccl (streaming)"
             } else {
                 "ampccl (memcpy)"
