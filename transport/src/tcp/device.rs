@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -16,7 +17,7 @@ use rand::TryRngCore;
 
 use super::frame::{self, Header, Kind, MAX_TEXT};
 use super::peer::{Peer, PendingRead, Region, lock};
-use super::reader::Reader;
+use super::reader::{self, Inbox};
 use crate::bootstrap::Bootstrap;
 use crate::device::{CTS_READ, CtsEntry, EagerHeader, IMM_ERROR, OpRecord, RmaDevice};
 use crate::transport::{OpFormatter, Transport, TransportConfig};
@@ -41,6 +42,8 @@ pub struct TcpDevice {
     depth: usize,
     /// Indexed by rank; `None` for this rank.
     peers: Vec<Option<Arc<Peer>>>,
+    /// The receiving half of each connection (same indexing).
+    inboxes: Vec<Option<Arc<Mutex<Inbox>>>>,
     bell: Doorbell,
     window: HostBuffer,
     failed: AtomicBool,
@@ -97,32 +100,38 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<TcpDevice>
     let bell = Doorbell::new();
     let eager = EAGER_MAX;
     let mut peers = Vec::with_capacity(world);
+    let mut inboxes = Vec::with_capacity(world);
     for (r, s) in streams.into_iter().enumerate() {
         let Some(s) = s else {
             peers.push(None);
+            inboxes.push(None);
             continue;
         };
         s.set_nodelay(true)
             .map_err(|e| Error::system("tcp: TCP_NODELAY", e))?;
         let out = s.try_clone().map_err(|e| Error::system("tcp: clone", e))?;
         let peer = Arc::new(Peer::new(out, cfg.fifo_depth, eager, descs[r].clone()));
-        let reader = Reader {
+        let fd = s.as_raw_fd();
+        let inbox = Arc::new(Mutex::new(Inbox {
             peer: peer.clone(),
             stream: s,
-            bell: bell.clone(),
             depth: cfg.fifo_depth,
             eager_max: eager,
-        };
+            broken: None,
+        }));
+        let (thread_inbox, thread_bell, thread_peer) = (inbox.clone(), bell.clone(), peer.clone());
         std::thread::Builder::new()
             .name(format!("ampccl-tcp-{r}"))
-            .spawn(move || reader.run())
+            .spawn(move || reader::run(thread_inbox, fd, thread_bell, thread_peer))
             .map_err(|e| Error::system("tcp: spawn a receiving thread", e))?;
+        inboxes.push(Some(inbox));
         peers.push(Some(peer));
     }
     tracing::debug!("rank {rank}: tcp connected to {} peers", world - 1);
     Ok(Arc::new(TcpDevice {
         depth: cfg.fifo_depth,
         peers,
+        inboxes,
         bell,
         window: HostBuffer::zeroed(cfg.window),
         failed: AtomicBool::new(false),
@@ -262,6 +271,15 @@ impl TcpDevice {
             .as_deref()
             .expect("a link connects two distinct ranks")
     }
+
+    /// The state of `peer` after applying the complete small frames waiting in its socket,
+    /// unless its receiving thread is at it (see [`super::reader`]).
+    fn polled(&self, peer: usize) -> &Peer {
+        if let Some(Ok(mut inbox)) = self.inboxes[peer].as_deref().map(Mutex::try_lock) {
+            inbox.progress();
+        }
+        self.peer(peer)
+    }
 }
 
 impl RmaDevice for TcpDevice {
@@ -304,7 +322,7 @@ impl RmaDevice for TcpDevice {
     }
 
     fn poll_cts(&self, peer: usize, slot: usize, idx: u32) -> Option<CtsEntry> {
-        self.peer(peer).cts[slot].load(idx)
+        self.polled(peer).cts[slot].load(idx)
     }
 
     unsafe fn write(
@@ -388,7 +406,7 @@ impl RmaDevice for TcpDevice {
     }
 
     fn poll_imm(&self, peer: usize, slot: usize, want: u32) -> Option<(u32, u64)> {
-        let (imm, len) = &self.peer(peer).imm[slot];
+        let (imm, len) = &self.polled(peer).imm[slot];
         let v = imm.load(Ordering::Acquire);
         (v & !IMM_ERROR == want).then(|| (v, len.load(Ordering::Relaxed)))
     }
@@ -423,7 +441,7 @@ impl RmaDevice for TcpDevice {
     }
 
     fn eager_peek(&self, peer: usize, slot: usize, idx: u32) -> Option<EagerHeader> {
-        let s = &self.peer(peer).eager[slot];
+        let s = &self.polled(peer).eager[slot];
         (s.idx.load(Ordering::Acquire) == idx).then(|| EagerHeader {
             tag: s.tag.load(Ordering::Relaxed),
             len: s.len.load(Ordering::Relaxed) as usize,
@@ -436,7 +454,7 @@ impl RmaDevice for TcpDevice {
         }
         let s = &self.peer(peer).eager[slot];
         // SAFETY: the caller saw the message's header (acquire), so the slot is full and the
-        // receiving thread leaves it alone until our credit empties it; it holds `len` bytes
+        // inbox leaves it alone until our credit empties it; it holds `len` bytes
         // of payload (the caller's contract) and `dst` is valid for them.
         unsafe { std::ptr::copy_nonoverlapping((*s.payload.get()).as_ptr(), dst, len) };
     }
@@ -453,7 +471,7 @@ impl RmaDevice for TcpDevice {
     }
 
     fn credit(&self, peer: usize, slot: usize) -> u32 {
-        self.peer(peer).credits[slot].load(Ordering::Acquire)
+        self.polled(peer).credits[slot].load(Ordering::Acquire)
     }
 
     fn post_ack(&self, peer: usize) -> Result<()> {
@@ -463,7 +481,7 @@ impl RmaDevice for TcpDevice {
     }
 
     fn acks(&self, peer: usize) -> u32 {
-        self.peer(peer).acks.load(Ordering::Acquire)
+        self.polled(peer).acks.load(Ordering::Acquire)
     }
 
     fn peer_health(&self, peer: usize) -> Result<()> {

@@ -3,15 +3,15 @@
 //! unchanged between hosts.
 //!
 //! Every one-sided operation becomes a frame ([`frame`]) on the connection to the peer it
-//! targets: a clear-to-send entry, a write (header, then the payload, which the receiving
-//! thread reads straight into the memory the clear-to-send named), a write-with-immediate
-//! (ordered after the writes it completes, because one connection delivers in order), an
-//! eager message, a credit, an ack, a read request and its response. What a frame delivers
-//! lands in the receiver's per-peer state ([`peer`]), the mirror of the shared-memory
-//! provider's segment, which the protocol polls with plain loads; the receiving thread
-//! ([`reader`]) blocks in `read` while nothing arrives and rings the engine's doorbell after
-//! each frame. A sender writes its frames from the engine's thread, whole, under the
-//! connection's lock.
+//! targets: a clear-to-send entry, a write (header, then the payload, received straight into
+//! the memory the clear-to-send named), a write-with-immediate (ordered after the writes it
+//! completes, because one connection delivers in order), an eager message, a credit, an ack, a
+//! read request and its response. What a frame delivers lands in the receiver's per-peer state
+//! ([`peer`]), the mirror of the shared-memory provider's segment, which the protocol polls with
+//! plain loads. Frames are applied by the engine itself while it polls (complete small frames
+//! already in the socket) and otherwise by a receiving thread per connection that blocks in
+//! `poll` and rings the engine's doorbell ([`reader`]). A sender writes its frames from the
+//! engine's thread, whole, under the connection's lock.
 //!
 //! Memory a peer may write is only ever what a posted clear-to-send named: the key of each
 //! entry is its FIFO slot, the receiving side keeps the slot's bounds until the transfer's

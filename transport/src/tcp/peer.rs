@@ -4,10 +4,11 @@
 //! with loads, plus what validates the peer's writes and reads (the memory each posted
 //! clear-to-send names) and the peer's health.
 //!
-//! The receiving thread ([`super::reader`]) is the only writer of the delivered state; the
-//! engine's threads only read it, except the eager slots, which pass between the two by their
-//! `full` flag: the reader fills a slot only while it is empty, the engine reads it only while
-//! it is full, and empties it when it posts the slot's credit.
+//! Whoever holds the connection's inbox ([`super::reader`]: the engine while it polls, or the
+//! receiving thread) is the only writer of the delivered state; everything else only reads it,
+//! except the eager slots, which pass between the two sides by their `full` flag: the inbox
+//! fills a slot only while it is empty, the protocol reads it only while it is full, and empties
+//! it when it posts the slot's credit.
 
 use std::cell::UnsafeCell;
 use std::net::TcpStream;

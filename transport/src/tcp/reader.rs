@@ -1,16 +1,21 @@
-//! The receiving thread of one peer's connection: it blocks in `read` (no core burnt while
-//! idle), applies each frame to the peer's state ([`super::peer`]), and rings the doorbell the
-//! engine's idle driver sleeps on. A one-sided write's payload is received straight into the
-//! memory the matching clear-to-send named, a read response's into the reader's buffer: no
-//! staging copy.
+//! The receiving side of one peer's connection: an [`Inbox`] that applies the peer's frames
+//! to its state ([`super::peer`]), from two places. The engine, while it polls the device,
+//! applies every complete small frame already waiting in the socket ([`Inbox::progress`]): no
+//! thread hand-off between a message's arrival and the wait that needs it. A receiving thread
+//! per connection ([`run`]) blocks in `poll` while nothing arrives (no core burnt while idle)
+//! and applies what the engine leaves: large payloads (a one-sided write's, received straight
+//! into the memory the matching clear-to-send named; a read response's, into the reader's
+//! buffer: no staging copy) and frames that arrive while no engine polls; it rings the engine's
+//! doorbell after each. The inbox's lock keeps the two from reading the socket at once.
 //!
 //! The thread ends when the connection closes or the peer breaks the protocol; either way the
 //! peer is recorded dead with the reason, so every wait on it fails at its next health check.
 
 use std::io::Read;
 use std::net::TcpStream;
-use std::sync::Arc;
+use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 
 use ampccl_runtime::doorbell::Doorbell;
 use ampccl_runtime::{Error, Result};
@@ -18,27 +23,146 @@ use ampccl_runtime::{Error, Result};
 use super::frame::{self, CTS_BYTES, HEADER, Header, Kind, bad};
 use super::peer::{Peer, lock};
 
-/// What the reader needs besides the peer.
-pub(super) struct Reader {
+/// The receiving half of one connection.
+pub(super) struct Inbox {
     pub peer: Arc<Peer>,
     pub stream: TcpStream,
-    pub bell: Doorbell,
     pub depth: usize,
     pub eager_max: usize,
+    /// Why the stream can no longer be read (a frame the engine's progress found bad, after
+    /// part of it was consumed).
+    pub broken: Option<String>,
 }
 
-impl Reader {
-    /// Runs until the connection ends; records why.
-    pub fn run(mut self) {
-        let why = loop {
-            match self.next() {
-                Ok(true) => self.bell.ring(),
-                Ok(false) => break "the connection was closed".to_string(),
-                Err(e) => break e.to_string(),
+/// The receiving thread of `inbox`'s connection (socket `fd`): runs until the connection ends
+/// and records why.
+pub(super) fn run(inbox: Arc<Mutex<Inbox>>, fd: RawFd, bell: Doorbell, peer: Arc<Peer>) {
+    let why = loop {
+        if let Err(e) = wait_readable(fd) {
+            break format!("connection lost: {e}");
+        }
+        match lock(&inbox).drain(&bell) {
+            Ok(true) => {}
+            Ok(false) => break "the connection was closed".to_string(),
+            Err(e) => break e.to_string(),
+        }
+    };
+    peer.set_dead(why);
+    bell.ring();
+}
+
+/// Blocks until `fd` has something to read (data, the end of the stream, or an error).
+fn wait_readable(fd: RawFd) -> std::io::Result<()> {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: `p` is one valid pollfd for the call.
+        let n = unsafe { libc::poll(&mut p, 1, -1) };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Bytes waiting in the socket `fd` (0 when it cannot be asked).
+fn available(fd: RawFd) -> usize {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int through the pointer.
+    let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
+    if r < 0 { 0 } else { n.max(0) as usize }
+}
+
+impl Inbox {
+    /// Applies frames while the socket has bytes (each frame read whole, waiting for its rest);
+    /// `Ok(false)` at the end of the stream.
+    fn drain(&mut self, bell: &Doorbell) -> Result<bool> {
+        if let Some(why) = &self.broken {
+            return Err(Error::Remote(why.clone()));
+        }
+        loop {
+            let mut one = [0u8; 1];
+            // SAFETY: `one` is valid for one byte; MSG_PEEK leaves it in the socket.
+            let n = unsafe {
+                libc::recv(
+                    self.stream.as_raw_fd(),
+                    one.as_mut_ptr().cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            match n {
+                0 => return Ok(false),
+                n if n < 0 => {
+                    let e = std::io::Error::last_os_error();
+                    return match e.kind() {
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => {
+                            Ok(true)
+                        }
+                        _ => Err(Error::Remote(format!("connection lost: {e}"))),
+                    };
+                }
+                _ => {
+                    if !self.next()? {
+                        return Ok(false);
+                    }
+                    bell.ring();
+                }
             }
-        };
-        self.peer.set_dead(why);
-        self.bell.ring();
+        }
+    }
+
+    /// Applies every complete small frame already waiting in the socket, without blocking and
+    /// without touching large payloads (left to the receiving thread): the engine's share of
+    /// the receiving, on every poll of the device.
+    pub fn progress(&mut self) {
+        if self.broken.is_some() {
+            return;
+        }
+        let fd = self.stream.as_raw_fd();
+        loop {
+            let waiting = available(fd);
+            if waiting < HEADER {
+                return;
+            }
+            let mut head = [0u8; HEADER];
+            // SAFETY: `head` is valid for HEADER bytes; MSG_PEEK leaves them in the socket.
+            let n = unsafe {
+                libc::recv(
+                    fd,
+                    head.as_mut_ptr().cast(),
+                    HEADER,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            if n != HEADER as isize {
+                return;
+            }
+            // A bad header is the receiving thread's to report (it reads the same bytes).
+            let Ok(h) = Header::decode(&head, self.depth, self.eager_max) else {
+                return;
+            };
+            let payload = match h.kind {
+                Kind::Cts | Kind::Eager | Kind::Fail => h.len as usize,
+                Kind::Imm | Kind::Credit | Kind::Ack => 0,
+                Kind::Write | Kind::ReadReq | Kind::ReadResp => return,
+            };
+            if waiting < HEADER + payload {
+                return;
+            }
+            if let Err(e) = self.next() {
+                // Part of the frame is consumed: the stream cannot be read any further.
+                self.broken = Some(e.to_string());
+                self.peer.set_dead(e.to_string());
+                return;
+            }
+        }
     }
 
     /// Receives and applies one frame; `Ok(false)` at a clean end of the stream.
