@@ -16,7 +16,7 @@ use crate::bootstrap::Bootstrap;
 use crate::device::{OpRecord, RmaDevice};
 use crate::probe::{self, Provider};
 use crate::shm::{self, ShmConfig, ShmDevice};
-use crate::tcp;
+use crate::{mixed, tcp};
 
 /// Formats a peer's operation record for a mismatch error (`None`: not a record).
 pub type OpFormatter = fn(&[u64]) -> Option<String>;
@@ -61,16 +61,27 @@ pub struct TransportConfig {
     pub shm_disable: bool,
 }
 
-/// Picks the first provider of the probe list that can connect the ranks of `boot` (or the
-/// forced one) and connects it.
+/// Connects the ranks of `boot`: the forced provider, else shared memory when every rank is on
+/// this host, TCP when every host has one rank (or shared memory is disabled), and shared
+/// memory within each host with TCP across hosts otherwise ([`crate::mixed`]).
 pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<dyn Transport>> {
     let provider = probe::select(boot, cfg.forced.as_deref(), cfg.shm_disable)?;
+    let topo = boot.topology();
+    let mixed = provider == Provider::Tcp
+        && cfg.forced.is_none()
+        && !cfg.shm_disable
+        && topo.ranks_on(topo.host_of(boot.rank())).len() < boot.world()
+        && (0..topo.hosts()).any(|h| topo.ranks_on(h).len() > 1);
     if boot.rank() == 0 {
-        tracing::info!(
-            "{} connected by {}",
-            boot.topology().summary(),
+        let how = if mixed {
+            "shared memory within hosts, tcp across"
+        } else {
             provider.name()
-        );
+        };
+        tracing::info!("{} connected by {how}", topo.summary());
+    }
+    if mixed {
+        return Ok(mixed::connect(boot, cfg)?);
     }
     match provider {
         Provider::Shm => {
@@ -78,6 +89,7 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<dyn Transp
                 window: cfg.window,
                 depth: cfg.fifo_depth,
                 allow_cma: cfg.allow_cma,
+                names: Vec::new(),
             };
             Ok(shm::connect(boot, &shm_cfg)?)
         }

@@ -25,6 +25,8 @@ pub struct ShmConfig {
     pub depth: usize,
     /// Use cross-memory attach when the probe succeeds.
     pub allow_cma: bool,
+    /// The communicator rank of each rank of `boot`, for messages (empty: the same).
+    pub names: Vec<usize>,
 }
 
 /// Bootstrap tags used during setup.
@@ -139,5 +141,16 @@ pub fn connect(boot: &Bootstrap, cfg: &ShmConfig) -> Result<Arc<ShmDevice>> {
             }
         );
     }
-    Ok(Arc::new(ShmDevice::new(rank, layout, pids, segs, cma)))
+    let names = if cfg.names.is_empty() {
+        (0..world).collect()
+    } else {
+        cfg.names.clone()
+    };
+    Ok(Arc::new(ShmDevice::new(
+        rank,
+        layout,
+        (pids, names),
+        segs,
+        cma,
+    )))
 }

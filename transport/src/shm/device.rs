@@ -32,6 +32,9 @@ pub struct ShmDevice {
     rank: usize,
     layout: Layout,
     pids: Vec<u32>,
+    /// The communicator rank of each of the device's ranks (they differ where the device
+    /// serves the ranks of one host of a larger communicator), for messages.
+    names: Vec<usize>,
     /// Segments of every rank, index = rank (ours included); they keep `views` mapped.
     _segs: Vec<Arc<Segment>>,
     views: Vec<View>,
@@ -66,7 +69,7 @@ impl ShmDevice {
     pub(super) fn new(
         rank: usize,
         layout: Layout,
-        pids: Vec<u32>,
+        (pids, names): (Vec<u32>, Vec<usize>),
         segs: Vec<Arc<Segment>>,
         cma: bool,
     ) -> ShmDevice {
@@ -87,6 +90,7 @@ impl ShmDevice {
             rank,
             layout,
             pids,
+            names,
             _segs: segs,
             views,
             bells,
@@ -459,7 +463,7 @@ impl RmaDevice for ShmDevice {
     }
 
     fn peer_desc(&self, peer: usize) -> String {
-        format!("rank {peer} (pid {})", self.pids[peer])
+        format!("rank {} (pid {})", self.names[peer], self.pids[peer])
     }
 
     fn op_history(&self, peer: Option<usize>) -> Vec<OpRecord> {

@@ -55,6 +55,20 @@ pub struct TcpDevice {
 
 /// Connects this rank to every peer of `boot` over TCP.
 pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<TcpDevice>> {
+    let all = vec![true; boot.world()];
+    connect_to(boot, cfg, &all, Doorbell::new(), cfg.window)
+}
+
+/// Connects this rank over TCP to the peers `wanted` marks (every rank of `boot` passes the
+/// same marks, symmetric: `wanted[j]` on rank `i` iff `wanted[i]` on rank `j`), ringing `bell`
+/// when frames arrive, with a window of `window` bytes of its own.
+pub fn connect_to(
+    boot: &Bootstrap,
+    cfg: &TransportConfig,
+    wanted: &[bool],
+    bell: Doorbell,
+    window: usize,
+) -> Result<Arc<TcpDevice>> {
     let (rank, world) = (boot.rank(), boot.world());
     let deadline = Instant::now() + boot.timeout();
     let listener = TcpListener::bind((boot.local_ip(), 0))
@@ -86,18 +100,19 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<TcpDevice>
     }
     let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
     for (peer, addr) in addrs.iter().enumerate().skip(rank + 1) {
-        streams[peer] = Some(dial(*addr, &secret, rank, world, deadline, &descs[peer])?);
+        if wanted[peer] {
+            streams[peer] = Some(dial(*addr, &secret, rank, world, deadline, &descs[peer])?);
+        }
     }
+    let expect: Vec<bool> = (0..world).map(|r| r < rank && wanted[r]).collect();
     accept(
         &listener,
         &secret,
-        rank,
-        world,
+        (rank, world, &expect),
         deadline,
         &mut streams,
         &descs,
     )?;
-    let bell = Doorbell::new();
     let eager = EAGER_MAX;
     let mut peers = Vec::with_capacity(world);
     let mut inboxes = Vec::with_capacity(world);
@@ -133,7 +148,7 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<TcpDevice>
         peers,
         inboxes,
         bell,
-        window: HostBuffer::zeroed(cfg.window),
+        window: HostBuffer::zeroed(window),
         failed: AtomicBool::new(false),
         ops: Mutex::new(VecDeque::with_capacity(OP_HISTORY)),
         op_formatter: OnceLock::new(),
@@ -174,8 +189,7 @@ fn dial(
 fn accept(
     listener: &TcpListener,
     secret: &[u8; 16],
-    rank: usize,
-    world: usize,
+    (rank, world, expect): (usize, usize, &[bool]),
     deadline: Instant,
     streams: &mut [Option<TcpStream>],
     descs: &[String],
@@ -184,10 +198,15 @@ fn accept(
         .set_nonblocking(true)
         .map_err(|e| Error::system("tcp: nonblocking listener", e))?;
     let mut pending: Vec<(TcpStream, Vec<u8>, Instant)> = Vec::new();
-    while streams[..rank].iter().any(Option::is_none) {
+    let missing = |streams: &[Option<TcpStream>]| {
+        (0..world)
+            .filter(|&r| expect[r] && streams[r].is_none())
+            .collect::<Vec<_>>()
+    };
+    while !missing(streams).is_empty() {
         if Instant::now() >= deadline {
-            let missing: Vec<&str> = (0..rank)
-                .filter(|&r| streams[r].is_none())
+            let missing: Vec<&str> = missing(streams)
+                .into_iter()
                 .map(|r| descs[r].as_str())
                 .collect();
             return Err(Error::Timeout(format!(
@@ -221,7 +240,7 @@ fn accept(
             if buf.len() < HELLO_BYTES {
                 return now.duration_since(*since) < HELLO_WAIT;
             }
-            let Some(peer) = check_hello(buf, secret, rank, world) else {
+            let Some(peer) = check_hello(buf, secret, rank, world).filter(|&p| expect[p]) else {
                 tracing::warn!("rank {rank}: tcp: dropped a connection with a wrong hello");
                 return false;
             };

@@ -30,4 +30,4 @@ mod frame;
 mod peer;
 mod reader;
 
-pub use device::{TcpDevice, connect};
+pub use device::{TcpDevice, connect, connect_to};
