@@ -555,9 +555,20 @@ host_tests!([0, 1, 2];
     hosts_3x1_broadcast = "broadcast",
     hosts_3x1_reduce_scatter = "reduce_scatter",
 );
+// Shared memory within each host, TCP across (per-pair providers).
 host_tests!([0, 0, 1, 1];
     hosts_2x2_allreduce = "allreduce",
+    hosts_2x2_allgather = "allgather",
+    hosts_2x2_reduce_scatter = "reduce_scatter",
+    hosts_2x2_broadcast = "broadcast",
+    hosts_2x2_reduce = "reduce",
     hosts_2x2_all_to_all = "all_to_all",
+    hosts_2x2_sendrecv = "sendrecv",
+    hosts_2x2_barrier = "barrier",
+);
+host_tests!([0, 1, 0, 2];
+    hosts_interleaved_allreduce = "allreduce",
+    hosts_interleaved_allgather = "allgather",
 );
 
 #[test]

@@ -631,6 +631,22 @@ fn hosts_killed_rank_small_allgather() {
     assert_died(&res, 1, libc::SIGABRT);
 }
 
+/// Shared memory within hosts, TCP across: rank 1 dies; its host's peer (over shared memory)
+/// and the other host's ranks (over TCP) all name it.
+#[test]
+fn hosts_2x2_killed_rank_small_allgather() {
+    let Some(hosts) = Hosts::new_or_skip(2) else {
+        return;
+    };
+    let res = Launch::new(4, "killed_rank_small_allgather")
+        .on_hosts(&hosts, &[0, 0, 1, 1])
+        .may_die(1)
+        .env("AMPCCL_TIMEOUT_S", "60")
+        .deadline(Duration::from_secs(45))
+        .run();
+    assert_died(&res, 1, libc::SIGABRT);
+}
+
 /// A host's link taken down in the middle of a collective: nothing closes, nothing arrives;
 /// both ranks fail within `AMPCCL_TIMEOUT_S`, naming the other.
 #[test]
