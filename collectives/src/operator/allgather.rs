@@ -1,6 +1,7 @@
 //! AllGather operator: mesh (every rank writes to every peer at once, HCCL's main-and-side-streams
 //! pattern) while the whole output fits the CCL buffer and messages are small; beyond that the
-//! pair on 2 ranks with a core each, the ring otherwise.
+//! pair on 2 ranks of one host with a core each, the ring otherwise (across hosts the
+//! pair's reads are round trips).
 
 use ampccl_runtime::param::{Param, Unit};
 
@@ -28,7 +29,8 @@ impl Operator for AllGatherOperator {
         if bytes <= MESH_MAX_BYTES.bytes() && out <= ctx.ccl_size {
             return (allgather_mesh::NAME, 0);
         }
-        if p.world == 2 && !ctx.oversubscribed {
+        // Across hosts the pair's reads are round trips; the ring streams.
+        if p.world == 2 && !ctx.oversubscribed && ctx.topology.hosts() == 1 {
             (allgather_pair::NAME, 0)
         } else {
             (allgather_ring::NAME, 0)
@@ -44,15 +46,42 @@ mod tests {
     use ampccl_transport::topology::Topology;
 
     fn pick(world: usize, bytes: usize, cache_bytes: usize, oversubscribed: bool) -> &'static str {
-        let topology = Topology::single_host(world, 0);
+        pick_on(
+            &Topology::single_host(world, 0),
+            world,
+            bytes,
+            (cache_bytes, oversubscribed),
+        )
+    }
+
+    /// As `pick`, on the hosts `topology` describes.
+    fn pick_on(
+        topology: &Topology,
+        world: usize,
+        bytes: usize,
+        (cache_bytes, oversubscribed): (usize, bool),
+    ) -> &'static str {
         let ctx = SelectCtx {
             ccl_size: 4 << 20,
             user_mem_links: true,
             oversubscribed,
             cache_bytes,
-            topology: &topology,
+            topology,
         };
         selected(OpKind::AllGather, bytes, world, false, &ctx)
+    }
+
+    /// Across hosts the pair (reads of the peer's memory, a round trip each) gives way to the
+    /// ring.
+    #[test]
+    fn two_hosts_take_the_ring_beyond_the_mesh() {
+        let two_hosts = Topology::new(&[1, 2], 0);
+        let big = 64 << 20;
+        assert_eq!(pick(2, big, 32 << 20, false), allgather_pair::NAME);
+        assert_eq!(
+            pick_on(&two_hosts, 2, big, (32 << 20, false)),
+            allgather_ring::NAME
+        );
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! AllReduce operator: one-shot for small messages (and mid-sized ones on 2 ranks), the pair
-//! for large ones on 2 ranks, ring otherwise.
+//! for large ones on 2 ranks of one host, ring otherwise.
 
 use ampccl_runtime::param::{Param, Unit};
 
@@ -44,7 +44,11 @@ impl Operator for AllReduceOperator {
             || (p.world == 2 && bytes >= ONE_SHOT_PAIR_MIN_BYTES.bytes());
         if one_shot && bytes * p.world <= ctx.ccl_size {
             (allreduce_oneshot::NAME, 0)
-        } else if p.world == 2 && bytes >= allreduce_pair::MIN_BYTES.bytes() {
+        } else if p.world == 2
+            && bytes >= allreduce_pair::MIN_BYTES.bytes()
+            && ctx.topology.hosts() == 1
+        {
+            // Across hosts the pair's reads are round trips; the ring streams.
             (allreduce_pair::NAME, 0)
         } else {
             (allreduce_ring::NAME, 0)
@@ -60,15 +64,42 @@ mod tests {
     use ampccl_transport::topology::Topology;
 
     fn pick(bytes: usize, world: usize, in_place: bool, ccl_size: usize) -> &'static str {
-        let topology = Topology::single_host(world, 0);
+        pick_on(
+            &Topology::single_host(world, 0),
+            world,
+            bytes,
+            (in_place, ccl_size),
+        )
+    }
+
+    /// As `pick`, on the hosts `topology` describes.
+    fn pick_on(
+        topology: &Topology,
+        world: usize,
+        bytes: usize,
+        (in_place, ccl_size): (bool, usize),
+    ) -> &'static str {
         let ctx = SelectCtx {
             ccl_size,
             user_mem_links: true,
             oversubscribed: false,
             cache_bytes: 0,
-            topology: &topology,
+            topology,
         };
         selected(OpKind::AllReduce, bytes, world, in_place, &ctx)
+    }
+
+    /// Across hosts the pair (reads of the peer's memory, a round trip each) gives way to the
+    /// ring.
+    #[test]
+    fn two_hosts_take_the_ring_where_one_host_takes_the_pair() {
+        let big = allreduce_pair::MIN_BYTES.bytes();
+        let two_hosts = Topology::new(&[1, 2], 0);
+        assert_eq!(pick(big, 2, false, 4 << 20), allreduce_pair::NAME);
+        assert_eq!(
+            pick_on(&two_hosts, 2, big, (false, 4 << 20)),
+            allreduce_ring::NAME
+        );
     }
 
     #[test]
