@@ -10,6 +10,7 @@
 //! | `AMPCCL_SHM_CMA` | 1 | 0 or 1 | use cross-memory attach when the kernel permits |
 //! | `AMPCCL_TRANSPORT` | (probe) | `shm`, `tcp` | the transport provider (default: shared memory on one host, TCP across hosts) |
 //! | `AMPCCL_SHM_DISABLE` | 0 | 0 or 1 | `1`: ranks of one host talk over the network provider too |
+//! | `AMPCCL_SOCKET_IFNAME` | (the interface that routes to the root) | NCCL's syntax: `eth,ib`, `^docker,lo`, `=eth0` | the interface ranks listen on (read by the bootstrap, like `NCCL_SOCKET_IFNAME`) |
 //! | `AMPCCL_HOSTID` | (hostname + boot id) | any text | the host identity ranks compare to tell hosts apart (read by the bootstrap, like `NCCL_HOSTID`) |
 //! | `AMPCCL_ALGO_<OP>` | (select) | an algorithm name | force an algorithm, e.g. `AMPCCL_ALGO_ALLREDUCE=AllReduceRing` |
 //! | `AMPCCL_SPIN_US` | 5, or 0 when a host has more ranks than CPUs | [0, 100000] µs | how long an idle rank busy-waits before yielding its core |

@@ -587,3 +587,18 @@ fn hosts_topology() {
         .env("EXPECT_HOSTS", "3")
         .run();
 }
+
+/// `AMPCCL_SOCKET_IFNAME` (NCCL's syntax) picks the interface ranks listen on: every host's
+/// `eth0` here, so the job runs as with the default (the interface that routes to the root).
+#[test]
+fn hosts_socket_ifname() {
+    let Some(hosts) = Hosts::new_or_skip(2) else {
+        return;
+    };
+    for spec in ["eth0", "=eth0", "^lo"] {
+        Launch::new(2, "allreduce")
+            .on_hosts(&hosts, &[0, 1])
+            .env("AMPCCL_SOCKET_IFNAME", spec)
+            .run();
+    }
+}

@@ -86,6 +86,11 @@ fn worker_entry() {
         "abort" => abort(),
         "abort_after_completion" => abort_after_completion(),
         "link_lost" => link_lost(),
+        "bad_socket_ifname" => expect_err(
+            "init",
+            init_comm_raw(),
+            |e| matches!(e, Error::InvalidArgument(m) if m.contains("AMPCCL_SOCKET_IFNAME")),
+        ),
         s => Err(format!("unknown scenario {s:?}")),
     });
 }
@@ -609,6 +614,16 @@ fn tcp_mismatch_reduce_root_w2() {
 #[test]
 fn tcp_abort_after_completion_w2() {
     quick_with(2, "abort_after_completion", &TCP);
+}
+
+/// An `AMPCCL_SOCKET_IFNAME` that matches no interface fails init at once, naming it.
+#[test]
+fn bad_socket_ifname_w2() {
+    quick_with(
+        2,
+        "bad_socket_ifname",
+        &[("AMPCCL_SOCKET_IFNAME", "=nosuchif0")],
+    );
 }
 
 #[test]

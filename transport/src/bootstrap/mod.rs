@@ -62,6 +62,7 @@
 //! The default timeout is `AMPCCL_TIMEOUT_S` (seconds, default 300; see [`timeout_from_env`]).
 
 mod env;
+pub mod ifname;
 mod link;
 mod mesh;
 mod root;
@@ -205,14 +206,19 @@ impl Bootstrap {
             )));
         }
         id.validate()?;
+        let filter = ifname::from_env()?;
         let deadline = Instant::now() + timeout;
         let root_addr = id.root_addr()?;
         let stream = root::connect_root(root_addr, rank, deadline)?;
-        // Listen on the interface that routes to the root: reachable by the others.
-        let ip = stream
-            .local_addr()
-            .map_err(|e| Error::system("bootstrap: local_addr", e))?
-            .ip();
+        // Listen on the interface `AMPCCL_SOCKET_IFNAME` names, else on the one that routes to
+        // the root: reachable by the others.
+        let ip = match filter {
+            Some(f) => f.pick(&ifname::interfaces()?)?,
+            None => stream
+                .local_addr()
+                .map_err(|e| Error::system("bootstrap: local_addr", e))?
+                .ip(),
+        };
         let listener = if world > 1 {
             Some(
                 TcpListener::bind((ip, 0))

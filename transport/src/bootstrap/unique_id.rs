@@ -77,7 +77,13 @@ impl UniqueId {
     /// address reachable by the other hosts for multi-host runs.
     pub fn generate() -> Result<UniqueId> {
         let lookup = |k: &str| std::env::var(k).ok();
-        let bind = super::env::bootstrap_addr_from(&lookup)?;
+        let mut bind = super::env::bootstrap_addr_from(&lookup)?;
+        // Without an explicit address, `AMPCCL_SOCKET_IFNAME` chooses the root's interface.
+        if lookup("AMPCCL_BOOTSTRAP_ADDR").is_none()
+            && let Some(f) = super::ifname::from_env()?
+        {
+            bind.set_ip(f.pick(&super::ifname::interfaces()?)?);
+        }
         let timeout = super::env::timeout_from(&lookup)?;
         Ok(UniqueId::generate_with(bind, timeout)?.0)
     }
