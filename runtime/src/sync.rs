@@ -25,3 +25,31 @@ pub fn spin_hint() {
     #[cfg(ampccl_loom)]
     loom::thread::yield_now();
 }
+
+/// An `UnsafeCell` with loom's access API (`with`, `with_mut`), so the model checker sees every
+/// access of data handed between threads.
+#[cfg(not(ampccl_loom))]
+#[derive(Debug, Default)]
+pub struct UnsafeCell<T>(std::cell::UnsafeCell<T>);
+
+#[cfg(not(ampccl_loom))]
+impl<T> UnsafeCell<T> {
+    pub fn new(value: T) -> UnsafeCell<T> {
+        UnsafeCell(std::cell::UnsafeCell::new(value))
+    }
+
+    /// Runs `f` with a pointer for reading the value.
+    #[inline]
+    pub fn with<R>(&self, f: impl FnOnce(*const T) -> R) -> R {
+        f(self.0.get())
+    }
+
+    /// Runs `f` with a pointer for writing the value.
+    #[inline]
+    pub fn with_mut<R>(&self, f: impl FnOnce(*mut T) -> R) -> R {
+        f(self.0.get())
+    }
+}
+
+#[cfg(ampccl_loom)]
+pub use loom::cell::UnsafeCell;

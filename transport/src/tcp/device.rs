@@ -460,27 +460,21 @@ impl RmaDevice for TcpDevice {
     }
 
     fn eager_peek(&self, peer: usize, slot: usize, idx: u32) -> Option<EagerHeader> {
-        let s = &self.polled(peer).eager[slot];
-        (s.idx.load(Ordering::Acquire) == idx).then(|| EagerHeader {
-            tag: s.tag.load(Ordering::Relaxed),
-            len: s.len.load(Ordering::Relaxed) as usize,
-        })
+        self.polled(peer).eager[slot].peek(idx)
     }
 
     unsafe fn eager_read(&self, peer: usize, slot: usize, dst: *mut u8, len: usize) {
         if len == 0 {
             return;
         }
-        let s = &self.peer(peer).eager[slot];
-        // SAFETY: the caller saw the message's header (acquire), so the slot is full and the
-        // inbox leaves it alone until our credit empties it; it holds `len` bytes
-        // of payload (the caller's contract) and `dst` is valid for them.
-        unsafe { std::ptr::copy_nonoverlapping((*s.payload.get()).as_ptr(), dst, len) };
+        // SAFETY: `dst` is valid for `len` writes (the caller's contract).
+        let dst = unsafe { std::slice::from_raw_parts_mut(dst, len) };
+        self.peer(peer).eager[slot].read(dst);
     }
 
     fn post_credit(&self, peer: usize, slot: usize, seq: u32) -> Result<()> {
         let p = self.peer(peer);
-        p.eager[slot].full.store(false, Ordering::Release);
+        p.eager[slot].release();
         let mut h = Header::new(Kind::Credit);
         (h.slot, h.a) = (slot as u32, seq.wrapping_add(1));
         // The receive is complete: a peer that is gone by now (it finished and closed the

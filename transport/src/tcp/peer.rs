@@ -10,25 +10,86 @@
 //! fills a slot only while it is empty, the protocol reads it only while it is full, and empties
 //! it when it posts the slot's credit.
 
-use std::cell::UnsafeCell;
+use ampccl_runtime::sync::{AtomicBool, AtomicU32, AtomicU64, Ordering, UnsafeCell};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex};
 
 use ampccl_runtime::{Error, Result};
 
 use super::frame::Header;
-use crate::device::CtsEntry;
+use crate::device::{CtsEntry, EagerHeader};
 
-/// One eager slot.
+/// One eager slot: the inbox fills it while it is empty ([`EagerSlot::put`]), the protocol
+/// reads it once its index shows ([`EagerSlot::peek`], [`EagerSlot::read`]) and empties it
+/// before posting the slot's credit ([`EagerSlot::release`]); the sender writes the slot again
+/// only after that credit. `full` hands the payload between the two sides.
 pub(super) struct EagerSlot {
-    pub idx: AtomicU32,
-    pub tag: AtomicU32,
-    pub len: AtomicU32,
-    /// Set by the reader once the payload is in, cleared by the engine with the credit.
-    pub full: AtomicBool,
-    pub payload: UnsafeCell<Box<[u8]>>,
+    idx: AtomicU32,
+    tag: AtomicU32,
+    len: AtomicU32,
+    full: AtomicBool,
+    payload: UnsafeCell<Box<[u8]>>,
+}
+
+// SAFETY: the payload is handed between the inbox and the protocol side by `full`: written
+// only while empty, read only while full (see the type's documentation); the rest is atomics.
+unsafe impl Sync for EagerSlot {}
+
+impl EagerSlot {
+    pub fn new(capacity: usize) -> EagerSlot {
+        EagerSlot {
+            idx: AtomicU32::new(0),
+            tag: AtomicU32::new(0),
+            len: AtomicU32::new(0),
+            full: AtomicBool::new(false),
+            payload: UnsafeCell::new(vec![0u8; capacity].into_boxed_slice()),
+        }
+    }
+
+    /// Inbox side: stores message `idx` (`len <= capacity` bytes, written by `fill`) if the
+    /// slot is empty; `Ok(false)` when it is full (the sender broke the credit protocol).
+    pub fn put(
+        &self,
+        idx: u32,
+        tag: u32,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> Result<()>,
+    ) -> Result<bool> {
+        if self.full.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        // SAFETY: the slot is empty, so the protocol side does not touch the payload until
+        // `full` is set below (and the inbox lock keeps other fillers out).
+        self.payload
+            .with_mut(|p| fill(&mut unsafe { &mut *p }[..len]))?;
+        self.tag.store(tag, Ordering::Relaxed);
+        self.len.store(len as u32, Ordering::Relaxed);
+        self.full.store(true, Ordering::Relaxed);
+        self.idx.store(idx, Ordering::Release);
+        Ok(true)
+    }
+
+    /// Protocol side: the header of message `idx` once it is in.
+    pub fn peek(&self, idx: u32) -> Option<EagerHeader> {
+        (self.idx.load(Ordering::Acquire) == idx).then(|| EagerHeader {
+            tag: self.tag.load(Ordering::Relaxed),
+            len: self.len.load(Ordering::Relaxed) as usize,
+        })
+    }
+
+    /// Protocol side: copies the first `dst.len()` payload bytes of the message `peek` saw.
+    pub fn read(&self, dst: &mut [u8]) {
+        // SAFETY: the caller saw the message with `peek` (acquire), so the slot is full and the
+        // inbox leaves the payload alone until `release`.
+        self.payload
+            .with(|p| dst.copy_from_slice(&unsafe { &*p }[..dst.len()]));
+    }
+
+    /// Protocol side: empties the slot (before the credit that lets the sender reuse it).
+    pub fn release(&self) {
+        self.full.store(false, Ordering::Release);
+    }
 }
 
 /// The memory a posted clear-to-send names, which the peer's writes (or reads, for an offer)
@@ -111,25 +172,13 @@ pub(super) struct Peer {
     pub desc: String,
 }
 
-// SAFETY: the eager payloads are handed between the reader thread and the engine by the
-// slots' `full` flags (module docs); everything else is atomics and locks.
-unsafe impl Sync for Peer {}
-
 impl Peer {
     pub fn new(out: TcpStream, depth: usize, eager_max: usize, desc: String) -> Peer {
         Peer {
             out: Mutex::new(out),
             cts: (0..depth).map(|_| CtsCell::default()).collect(),
             imm: (0..depth).map(|_| Default::default()).collect(),
-            eager: (0..depth)
-                .map(|_| EagerSlot {
-                    idx: AtomicU32::new(0),
-                    tag: AtomicU32::new(0),
-                    len: AtomicU32::new(0),
-                    full: AtomicBool::new(false),
-                    payload: UnsafeCell::new(vec![0u8; eager_max].into_boxed_slice()),
-                })
-                .collect(),
+            eager: (0..depth).map(|_| EagerSlot::new(eager_max)).collect(),
             credits: (0..depth).map(|_| AtomicU32::new(0)).collect(),
             acks: AtomicU32::new(0),
             regions: Mutex::new(vec![Region::default(); depth].into_boxed_slice()),
@@ -209,4 +258,44 @@ fn send_all(fd: i32, bufs: &[&[u8]]) -> std::io::Result<()> {
 /// stores whole values).
 pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(all(test, ampccl_loom))]
+mod loom_tests {
+    use super::*;
+    use ampccl_runtime::sync::{Arc, thread};
+
+    /// Two messages through one slot: the inbox fills it only once the protocol side released
+    /// the previous one (and the sender got its credit); the reader sees each payload whole.
+    #[test]
+    fn loom_eager_slot_hands_the_payload_over() {
+        loom::model(|| {
+            let slot = Arc::new(EagerSlot::new(4));
+            let credit = Arc::new(AtomicU32::new(0));
+            let (s2, c2) = (slot.clone(), credit.clone());
+            let inbox = thread::spawn(move || {
+                for (idx, byte) in [(1u32, 7u8), (2, 9)] {
+                    while c2.load(Ordering::Acquire) + 1 < idx {
+                        thread::yield_now();
+                    }
+                    let put = s2.put(idx, 0, 4, |b| {
+                        b.fill(byte);
+                        Ok(())
+                    });
+                    assert!(put.unwrap(), "the slot was released before its credit");
+                }
+            });
+            for (idx, byte) in [(1u32, 7u8), (2, 9)] {
+                while slot.peek(idx).is_none() {
+                    thread::yield_now();
+                }
+                let mut out = [0u8; 4];
+                slot.read(&mut out);
+                assert_eq!(out, [byte; 4]);
+                slot.release();
+                credit.store(idx, Ordering::Release);
+            }
+            inbox.join().unwrap();
+        });
+    }
 }

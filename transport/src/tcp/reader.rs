@@ -199,19 +199,10 @@ impl Inbox {
                 imm.store(h.a, Ordering::Release);
             }
             Kind::Eager => {
-                let s = &peer.eager[slot];
-                if s.full.load(Ordering::Acquire) {
+                let len = h.len as usize;
+                if !peer.eager[slot].put(h.a, h.b, len, |buf| self.fill(buf))? {
                     return Err(bad(format!("eager message into the full slot {slot}")));
                 }
-                // SAFETY: the slot is empty, so the engine does not read its payload until
-                // `full` is set below; its length is `eager_max` >= `h.len` (checked by
-                // `Header::decode`).
-                let payload = unsafe { &mut *s.payload.get() };
-                self.fill(&mut payload[..h.len as usize])?;
-                s.tag.store(h.b, Ordering::Relaxed);
-                s.len.store(h.len as u32, Ordering::Relaxed);
-                s.full.store(true, Ordering::Relaxed);
-                s.idx.store(h.a, Ordering::Release);
             }
             Kind::Credit => peer.credits[slot].store(h.a, Ordering::Release),
             Kind::Ack => {
