@@ -631,14 +631,15 @@ fn abort_w2() {
     quick(2, "abort");
 }
 
-/// A rank killed on another (emulated) host: its connections close, the survivor names it.
-#[test]
-fn hosts_killed_rank_small_allgather() {
-    let Some(hosts) = Hosts::new_or_skip(2) else {
+/// Rank 1 aborts during small allgathers with the ranks placed on emulated hosts as
+/// `placement` says: every survivor, on its host (shared memory) or another (TCP), names it.
+fn killed_on_hosts(placement: &[usize]) {
+    let hosts = placement.iter().max().map_or(1, |h| h + 1);
+    let Some(hosts) = Hosts::new_or_skip(hosts) else {
         return;
     };
-    let res = Launch::new(2, "killed_rank_small_allgather")
-        .on_hosts(&hosts, &[0, 1])
+    let res = Launch::new(placement.len(), "killed_rank_small_allgather")
+        .on_hosts(&hosts, placement)
         .may_die(1)
         .env("AMPCCL_TIMEOUT_S", "60")
         .deadline(Duration::from_secs(45))
@@ -646,20 +647,16 @@ fn hosts_killed_rank_small_allgather() {
     assert_died(&res, 1, libc::SIGABRT);
 }
 
-/// Shared memory within hosts, TCP across: rank 1 dies; its host's peer (over shared memory)
-/// and the other host's ranks (over TCP) all name it.
+/// A rank killed on another host: its connections close, the survivor names it.
+#[test]
+fn hosts_killed_rank_small_allgather() {
+    killed_on_hosts(&[0, 1]);
+}
+
+/// Shared memory within hosts, TCP across: rank 1's host peer and the other host's ranks.
 #[test]
 fn hosts_2x2_killed_rank_small_allgather() {
-    let Some(hosts) = Hosts::new_or_skip(2) else {
-        return;
-    };
-    let res = Launch::new(4, "killed_rank_small_allgather")
-        .on_hosts(&hosts, &[0, 0, 1, 1])
-        .may_die(1)
-        .env("AMPCCL_TIMEOUT_S", "60")
-        .deadline(Duration::from_secs(45))
-        .run();
-    assert_died(&res, 1, libc::SIGABRT);
+    killed_on_hosts(&[0, 0, 1, 1]);
 }
 
 /// A host's link taken down in the middle of a collective: nothing closes, nothing arrives;
