@@ -140,7 +140,12 @@ pub(crate) fn value(r: usize, i: usize) -> f64 {
 pub fn run(args: &Args) -> Result<bool, String> {
     // Overlays are read before the sweep, so a bad file fails every rank at once, not after it.
     let overlay = plot::read_series(&args.overlay, plot::Placement::Out)?;
-    let comm = Communicator::from_env().map_err(|e| e.to_string())?;
+    let comm = Communicator::from_env().map_err(|e| {
+        format!(
+            "{e}\n(ampccl-perf -g N starts N ranks on this host itself; a launcher sets RANK and \
+             WORLD_SIZE with MASTER_ADDR/MASTER_PORT or AMPCCL_UNIQUE_ID)"
+        )
+    })?;
     let r = with_type!(args.work.dtype, T => sweep::<T>(&comm, args, &overlay));
     let ok = r?;
     comm.destroy().map_err(|e| e.to_string())?;

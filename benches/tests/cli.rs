@@ -269,3 +269,19 @@ fn ceiling_rejects_collectives_it_does_not_model() {
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains("ceiling: unknown collective"));
 }
+
+/// Without `-g` and without a launcher's environment, the error says how to run it.
+#[test]
+fn without_ranks_the_error_suggests_g() {
+    let out = Command::new(env!("CARGO_BIN_EXE_ampccl-perf"))
+        .args(["-b", "8", "-e", "8"])
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .env_remove("MASTER_ADDR")
+        .env_remove("AMPCCL_UNIQUE_ID")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("-g N starts N ranks"), "{err}");
+}
