@@ -294,10 +294,12 @@ impl TcpDevice {
     /// The state of `peer` after applying the complete small frames waiting in its socket,
     /// unless its receiving thread is at it (see [`super::reader`]).
     fn polled(&self, peer: usize) -> &Peer {
+        let p = self.peer(peer);
+        p.mark_polled();
         if let Some(Ok(mut inbox)) = self.inboxes[peer].as_deref().map(Mutex::try_lock) {
             inbox.progress();
         }
-        self.peer(peer)
+        p
     }
 }
 

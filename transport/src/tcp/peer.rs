@@ -168,6 +168,9 @@ pub(super) struct Peer {
     /// The failure the peer reported, once it did.
     pub failed: Mutex<Option<String>>,
     pub any_down: AtomicBool,
+    /// When the engine last polled this peer (ns since `epoch`).
+    polled: AtomicU64,
+    epoch: std::time::Instant,
     /// "rank 3 (pid 123 on host-b)".
     pub desc: String,
 }
@@ -188,6 +191,8 @@ impl Peer {
             dead: Mutex::new(None),
             failed: Mutex::new(None),
             any_down: AtomicBool::new(false),
+            polled: AtomicU64::new(0),
+            epoch: std::time::Instant::now(),
             desc,
         }
     }
@@ -199,6 +204,18 @@ impl Peer {
         send_all(out.as_raw_fd(), &[&head[..], payload]).map_err(|e| {
             Error::Remote(format!("{}: connection lost while sending: {e}", self.desc))
         })
+    }
+
+    /// Records that the engine polls this peer now.
+    pub fn mark_polled(&self) {
+        let now = self.epoch.elapsed().as_nanos() as u64;
+        self.polled.store(now.max(1), Ordering::Relaxed);
+    }
+
+    /// Whether the engine polled this peer within the receiving thread's grace period.
+    pub fn polled_recently(&self) -> bool {
+        let at = self.polled.load(Ordering::Relaxed);
+        at != 0 && (self.epoch.elapsed().as_nanos() as u64).saturating_sub(at) < 200_000
     }
 
     /// The peer's failure or loss, as the error a waiter reports.

@@ -34,12 +34,22 @@ pub(super) struct Inbox {
     pub broken: Option<String>,
 }
 
+/// How long the receiving thread leaves a readable socket to an engine that polled it last
+/// less than this long ago.
+const ENGINE_GRACE: std::time::Duration = std::time::Duration::from_micros(200);
+
 /// The receiving thread of `inbox`'s connection (socket `fd`): runs until the connection ends
 /// and records why.
 pub(super) fn run(inbox: Arc<Mutex<Inbox>>, fd: RawFd, bell: Doorbell, peer: Arc<Peer>) {
     let why = loop {
         if let Err(e) = wait_readable(fd) {
             break format!("connection lost: {e}");
+        }
+        // While the engine polls this peer it applies what arrives itself; taking the inbox
+        // now would only make it wait (and cost a core on a small host).
+        if peer.polled_recently() {
+            std::thread::sleep(ENGINE_GRACE);
+            continue;
         }
         match lock(&inbox).drain(&bell) {
             Ok(true) => {}
@@ -118,8 +128,8 @@ impl Inbox {
         }
     }
 
-    /// Applies every complete small frame already waiting in the socket, without blocking and
-    /// without touching large payloads (left to the receiving thread): the engine's share of
+    /// Applies every frame that is already whole in the socket, without blocking (a payload
+    /// larger than what has arrived is left to the receiving thread): the engine's share of
     /// the receiving, on every poll of the device.
     pub fn progress(&mut self) {
         if self.broken.is_some() {
@@ -149,9 +159,8 @@ impl Inbox {
                 return;
             };
             let payload = match h.kind {
-                Kind::Cts | Kind::Eager | Kind::Fail => h.len as usize,
-                Kind::Imm | Kind::Credit | Kind::Ack => 0,
-                Kind::Write | Kind::ReadReq | Kind::ReadResp => return,
+                Kind::Imm | Kind::Credit | Kind::Ack | Kind::ReadReq => 0,
+                _ => usize::try_from(h.len).unwrap_or(usize::MAX),
             };
             if waiting < HEADER + payload {
                 return;
