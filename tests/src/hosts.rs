@@ -252,19 +252,16 @@ impl Hosts {
     /// way; the host's own address and routes stay, as when a cable is pulled. Connections
     /// neither close nor reset: peers notice by their timeouts.
     pub fn link_down(&self, i: usize) -> Result<(), String> {
-        self.host(i);
-        run_quiet(Command::new("ip").args([
-            "-n",
-            &self.inner.bridge_ns,
-            "link",
-            "set",
-            &format!("p{i}"),
-            "down",
-        ]))
+        self.set_link(i, "down")
     }
 
     /// Brings host `i`'s link back up after [`Hosts::link_down`].
     pub fn link_up(&self, i: usize) -> Result<(), String> {
+        self.set_link(i, "up")
+    }
+
+    /// `ip link set p<i> <state>` in the bridge namespace.
+    fn set_link(&self, i: usize, state: &str) -> Result<(), String> {
         self.host(i);
         run_quiet(Command::new("ip").args([
             "-n",
@@ -272,7 +269,7 @@ impl Hosts {
             "link",
             "set",
             &format!("p{i}"),
-            "up",
+            state,
         ]))
     }
 

@@ -67,11 +67,12 @@ pub struct TransportConfig {
 pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<dyn Transport>> {
     let provider = probe::select(boot, cfg.forced.as_deref(), cfg.shm_disable)?;
     let topo = boot.topology();
+    // Several hosts, some with several ranks: shared memory serves the pairs within a host.
     let mixed = provider == Provider::Tcp
         && cfg.forced.is_none()
         && !cfg.shm_disable
-        && topo.ranks_on(topo.host_of(boot.rank())).len() < boot.world()
-        && (0..topo.hosts()).any(|h| topo.ranks_on(h).len() > 1);
+        && topo.hosts() > 1
+        && topo.ranks_per_host() != Some(1);
     if boot.rank() == 0 {
         let how = if mixed {
             "shared memory within hosts, tcp across"

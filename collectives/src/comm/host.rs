@@ -4,6 +4,7 @@
 
 use ampccl_runtime::Result;
 use ampccl_transport::bootstrap::Bootstrap;
+use ampccl_transport::topology::Topology;
 
 /// Bootstrap tag of the host facts gathered at init.
 const TAG_HOST: u64 = 0x4350_5500_0000_0000;
@@ -23,18 +24,20 @@ pub(super) struct HostFacts {
 
 /// Gathers every rank's CPU set and last-level cache size (`cache_bytes`, else sysfs's); the
 /// local ones decide.
-pub(super) fn host_facts(boot: &Bootstrap, cache_bytes: Option<usize>) -> Result<HostFacts> {
+pub(super) fn host_facts(
+    boot: &Bootstrap,
+    topology: &Topology,
+    cache_bytes: Option<usize>,
+) -> Result<HostFacts> {
     let cache = cache_bytes.unwrap_or_else(last_level_cache_bytes);
     let mut mine = (cache as u64).to_le_bytes().to_vec();
     mine.extend(cpu_mask());
     let all = boot.allgather(TAG_HOST, &mine)?;
-    let here = boot.host_id();
-    let local: Vec<(u64, &[u8])> = all
+    let local: Vec<(u64, &[u8])> = topology
+        .local_ranks()
         .iter()
-        .zip(boot.host_ids())
-        .filter(|(_, h)| **h == here)
-        .map(|(m, _)| {
-            let (cache, mask) = m.split_at(8.min(m.len()));
+        .map(|&r| {
+            let (cache, mask) = all[r].split_at(8.min(all[r].len()));
             (cache.try_into().map_or(0, u64::from_le_bytes), mask)
         })
         .collect();

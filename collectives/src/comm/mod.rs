@@ -128,8 +128,8 @@ impl Communicator {
         let engine = Engine::new(transport.doorbell(), config.timeout);
         // Spinning only pays when every local rank has a core of its own: otherwise a spinning
         // rank delays the peer that shares its core.
-        let host = host_facts(&boot, config.cache_bytes)?;
-        let boot_topology = boot.topology();
+        let topology = boot.topology();
+        let host = host_facts(&boot, &topology, config.cache_bytes)?;
         let default_spin = if host.oversubscribed {
             Duration::ZERO
         } else {
@@ -160,7 +160,7 @@ impl Communicator {
                 window_cursor: AtomicUsize::new(0),
                 failed: AtomicBool::new(false),
                 host,
-                topology: boot_topology,
+                topology,
                 splits: AtomicU64::new(0),
             }),
         })

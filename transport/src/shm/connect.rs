@@ -40,7 +40,7 @@ pub fn connect(boot: &Bootstrap, cfg: &ShmConfig) -> Result<Arc<ShmDevice>> {
     if boot.host_ids().iter().any(|h| *h != boot.host_id()) {
         return Err(Error::InvalidUsage(
             "the shared-memory transport needs every rank on one host; ranks on other hosts \
-             need the TCP or RDMA transport, which this build does not have"
+             need the TCP provider (AMPCCL_TRANSPORT=tcp, or leave AMPCCL_TRANSPORT unset)"
                 .into(),
         ));
     }

@@ -162,7 +162,7 @@ impl Inbox {
                 Kind::Imm | Kind::Credit | Kind::Ack | Kind::ReadReq => 0,
                 _ => usize::try_from(h.len).unwrap_or(usize::MAX),
             };
-            if waiting < HEADER + payload {
+            if waiting < HEADER.saturating_add(payload) {
                 return;
             }
             if let Err(e) = self.next() {
@@ -285,5 +285,41 @@ impl Inbox {
         p.done = true;
         peer.read_done.notify_all();
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::TcpListener;
+
+    /// A header that claims more payload than the address space holds is left to the receiving
+    /// thread (which rejects the write: no clear-to-send names it), never an overflow.
+    #[test]
+    fn a_huge_claimed_length_is_not_applied_by_the_engine() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut tx = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (rx, _) = l.accept().unwrap();
+        let out = rx.try_clone().unwrap();
+        let peer = Arc::new(Peer::new(out, 4, 64, "rank 1".into()));
+        let mut h = Header::new(Kind::Write);
+        h.len = u64::MAX;
+        tx.write_all(&h.encode()).unwrap();
+        let mut inbox = Inbox {
+            peer: peer.clone(),
+            stream: rx,
+            depth: 4,
+            eager_max: 64,
+            broken: None,
+        };
+        while available(inbox.stream.as_raw_fd()) < HEADER {
+            std::thread::yield_now();
+        }
+        inbox.progress();
+        assert!(inbox.broken.is_none() && peer.health().is_ok());
+        // The receiving thread's path reads it and refuses it.
+        let e = inbox.next().unwrap_err().to_string();
+        assert!(e.contains("outside what clear-to-send"), "{e}");
     }
 }
