@@ -19,3 +19,13 @@ int ncclBroadcast(const void *, void *, size_t, int, int, ncclComm_t, void *);
 int ncclReduce(const void *, void *, size_t, int, int, int, ncclComm_t, void *);
 
 #define CHECK(x) do { int r_ = (x); if (r_) { printf("FAIL %s = %d\n", #x, r_); return 1; } } while (0)
+
+/* Each of the five collectives once on `c`, `n` floats (the stand-in moves no data). */
+static inline int each_collective(ncclComm_t c, size_t n) {
+  CHECK(ncclAllReduce(NULL, NULL, n, 7, 0, c, NULL));
+  CHECK(ncclAllGather(NULL, NULL, n, 7, c, NULL));
+  CHECK(ncclReduceScatter(NULL, NULL, n, 7, 0, c, NULL));
+  CHECK(ncclBroadcast(NULL, NULL, n, 7, 0, c, NULL));
+  CHECK(ncclReduce(NULL, NULL, n, 7, 0, 0, c, NULL));
+  return 0;
+}

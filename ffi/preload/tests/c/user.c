@@ -18,11 +18,7 @@ int user_run(void) {
   ncclComm_t c, all[2], sub;
   const size_t big = (size_t)1 << 28;
   CHECK(ncclCommInitRank(&c, 1, id, 0));
-  CHECK(ncclAllReduce(NULL, NULL, big, 7, 0, c, NULL));
-  CHECK(ncclAllGather(NULL, NULL, big, 7, c, NULL));
-  CHECK(ncclReduceScatter(NULL, NULL, big, 7, 0, c, NULL));
-  CHECK(ncclBroadcast(NULL, NULL, big, 7, 0, c, NULL));
-  CHECK(ncclReduce(NULL, NULL, big, 7, 0, 0, c, NULL));
+  CHECK(each_collective(c, big));
   CHECK(ncclCommSplit(c, 0, 0, &sub, NULL));
   CHECK(ncclCommInitAll(all, 2, NULL));
   CHECK(ncclGroupStart());
