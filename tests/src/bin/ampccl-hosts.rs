@@ -5,6 +5,7 @@
 //! ```text
 //! ampccl-hosts [-k HOSTS] [-r RANKS_PER_HOST] [--rate RATE] -- PROGRAM ARGS...
 //! ampccl-hosts --ceiling [--rate RATE] [--streams N] [--mib M]
+//! ampccl-hosts --iperf3 "IPERF3 CLIENT ARGS" [--rate RATE]
 //! ```
 //!
 //! Ranks get torchrun's variables (`MASTER_ADDR` = host 0's address, `MASTER_PORT`, `RANK`,
@@ -12,6 +13,8 @@
 //! other rank's standard error is prefixed with its rank. `--rate` shapes every host's link with
 //! `tc tbf` (e.g. `5gbit`). `--ceiling` sends `--mib` MiB over `--streams` TCP connections from
 //! host 1 to host 0 and prints the rate: what one link between two such hosts carries.
+//! `--iperf3` runs an `iperf3` server in host 0 and `iperf3 -c <host 0> ARGS` in host 1 (e.g.
+//! `"-t 5"`, `"-t 5 -P 4"`, `"-t 5 --bidir"`) and prints iperf3's summary lines.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -45,6 +48,7 @@ struct Opts {
     ceiling: bool,
     streams: usize,
     mib: usize,
+    iperf3: Option<String>,
 }
 
 fn parse(args: &[String]) -> Result<(Opts, Vec<String>), String> {
@@ -55,6 +59,7 @@ fn parse(args: &[String]) -> Result<(Opts, Vec<String>), String> {
         ceiling: false,
         streams: 1,
         mib: 1024,
+        iperf3: None,
     };
     let mut it = args.iter();
     let mut program = Vec::new();
@@ -77,6 +82,7 @@ fn parse(args: &[String]) -> Result<(Opts, Vec<String>), String> {
             "--ceiling" => o.ceiling = true,
             "--streams" => o.streams = number(value("--streams")?, "--streams")?,
             "--mib" => o.mib = number(value("--mib")?, "--mib")?,
+            "--iperf3" => o.iperf3 = Some(value("--iperf3")?),
             "--" => {
                 program = it.cloned().collect();
                 break;
@@ -84,7 +90,7 @@ fn parse(args: &[String]) -> Result<(Opts, Vec<String>), String> {
             other => return Err(format!("unknown option {other:?} (see the module docs)")),
         }
     }
-    if !o.ceiling && program.is_empty() {
+    if !o.ceiling && o.iperf3.is_none() && program.is_empty() {
         return Err("usage: ampccl-hosts [-k HOSTS] [-r RANKS_PER_HOST] [--rate R] -- PROGRAM ARGS... | --ceiling".into());
     }
     Ok((o, program))
@@ -92,7 +98,8 @@ fn parse(args: &[String]) -> Result<(Opts, Vec<String>), String> {
 
 fn run(args: &[String]) -> Result<ExitCode, String> {
     let (o, program) = parse(args)?;
-    let hosts = Hosts::new(if o.ceiling { 2 } else { o.hosts })?;
+    let two = o.ceiling || o.iperf3.is_some();
+    let hosts = Hosts::new(if two { 2 } else { o.hosts })?;
     if let Some(rate) = &o.rate {
         for i in 0..hosts.len() {
             hosts.set_rate(i, rate)?;
@@ -100,6 +107,9 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     }
     if o.ceiling {
         return ceiling(&hosts, o.streams, o.mib);
+    }
+    if let Some(args) = &o.iperf3 {
+        return iperf3(&hosts, args);
     }
     let world = o.hosts * o.per_host;
     let (port, token) = (free_port(), format!("ampccl-hosts-{}", std::process::id()));
@@ -164,6 +174,46 @@ fn ceiling(hosts: &Hosts, streams: usize, mib: usize) -> Result<ExitCode, String
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// iperf3 from host 1 (client, `args`) to host 0 (server, one test): the summary lines.
+fn iperf3(hosts: &Hosts, args: &str) -> Result<ExitCode, String> {
+    let port = free_port().to_string();
+    let mut server = hosts.command(0, "iperf3");
+    server.args(["-s", "-1", "-p", &port]).stdout(Stdio::null());
+    let mut server = server
+        .spawn()
+        .map_err(|e| format!("start iperf3 (is it installed?): {e}"))?;
+    let addr = hosts.addr(0).to_string();
+    let out = loop {
+        let out = hosts
+            .command(1, "iperf3")
+            .args(["-c", &addr, "-p", &port, "-f", "g"])
+            .args(args.split_whitespace())
+            .output()
+            .map_err(|e| format!("run iperf3: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stderr).into_owned();
+        // The server may not listen yet.
+        if out.status.success() || !text.contains("Connection refused") {
+            break out;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let _ = server.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for line in text
+        .lines()
+        .filter(|l| l.contains("sender") || l.contains("receiver"))
+    {
+        println!("iperf3 {args}: {}", line.trim());
+    }
+    if !out.status.success() {
+        return Err(format!(
+            "iperf3 failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Accepts `streams` connections, receives `mib` MiB over them, prints the rate.
