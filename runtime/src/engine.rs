@@ -46,7 +46,12 @@ pub(crate) struct EngineInner {
     has_wakers: AtomicBool,
     background: Mutex<Option<JoinHandle<()>>>,
     stop: AtomicBool,
+    /// Called by a driver whose pass made no progress (see [`Engine::set_idle_hook`]).
+    idle_hook: std::sync::OnceLock<IdleHook>,
 }
+
+/// What an idle driver calls (a transport's flush of coalesced frames).
+pub type IdleHook = Box<dyn Fn() + Send + Sync>;
 
 /// Owner handle of an engine; dropping it stops the background thread.
 pub struct Engine {
@@ -70,6 +75,7 @@ impl Engine {
                 has_wakers: AtomicBool::new(false),
                 background: Mutex::new(None),
                 stop: AtomicBool::new(false),
+                idle_hook: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -101,6 +107,13 @@ impl Engine {
             spin.as_nanos().min(u64::MAX as u128) as u64,
             Ordering::Relaxed,
         );
+    }
+
+    /// Sets (once) what a driver calls when a pass over the streams made no progress, before
+    /// it spins, yields or sleeps: a transport that holds small frames back to send them
+    /// together flushes them there, so nothing waits on a frame its sender sits on.
+    pub fn set_idle_hook(&self, hook: IdleHook) {
+        let _ = self.inner.idle_hook.set(hook);
     }
 
     /// Fails all queued and future work with `reason` and wakes every waiter.
@@ -231,7 +244,7 @@ impl EngineInner {
             }
             if progressed {
                 backoff = Backoff::new(self.spin());
-            } else if backoff.pause() {
+            } else if self.idle(&mut backoff) {
                 // Read the doorbell only now (peers ring it on every message; reading it in
                 // the hot loop would bounce its cache line), then look once more: anything
                 // that arrives after this read rings it and ends the sleep.
@@ -248,6 +261,14 @@ impl EngineInner {
         };
         self.waiters.fetch_sub(1, Ordering::AcqRel);
         out
+    }
+
+    /// An idle driver's step: the idle hook, then `backoff`'s pause; true once it should sleep.
+    fn idle(&self, backoff: &mut Backoff) -> bool {
+        if let Some(hook) = self.idle_hook.get() {
+            hook();
+        }
+        backoff.pause()
     }
 
     fn spin(&self) -> Duration {
@@ -300,7 +321,7 @@ impl EngineInner {
             }
             if self.try_progress() {
                 backoff = Backoff::new(self.spin());
-            } else if backoff.pause() {
+            } else if self.idle(&mut backoff) {
                 backoff.sleep(&self.bell, seen);
             }
         }

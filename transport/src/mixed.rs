@@ -269,6 +269,9 @@ impl Transport for MixedDevice {
         Transport::set_op_formatter(&*self.shm, f);
         Transport::set_op_formatter(&*self.tcp, f);
     }
+    fn flush(&self) {
+        Transport::flush(&*self.tcp);
+    }
     fn mark_failed(&self, msg: &str) {
         Transport::mark_failed(&*self.shm, msg);
         Transport::mark_failed(&*self.tcp, msg);

@@ -44,6 +44,9 @@ pub trait Transport: RmaDevice {
     fn mark_failed(&self, msg: &str);
     /// The error of the first peer that marked itself failed.
     fn check_peers_failed(&self) -> Result<()>;
+    /// Sends what the provider holds back to coalesce small frames; the engine calls it when
+    /// it finds nothing to do (providers that hold nothing back ignore it).
+    fn flush(&self) {}
 }
 
 /// What a communicator asks of its transport.

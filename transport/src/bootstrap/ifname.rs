@@ -157,7 +157,7 @@ mod tests {
         let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
         assert_eq!(pick("eth").unwrap(), ip("10.0.0.5"), "IPv4 before IPv6");
         assert_eq!(pick("ib,eth").unwrap(), ip("10.0.0.5"), "interface order");
-        assert_eq!(pick("=eth1").unwrap_err().to_string().contains(VAR), true);
+        assert!(pick("=eth1").unwrap_err().to_string().contains(VAR));
         assert_eq!(pick("=eth10").unwrap(), ip("10.1.0.5"));
         assert_eq!(
             pick("^docker,eth").unwrap(),

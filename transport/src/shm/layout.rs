@@ -274,6 +274,6 @@ mod tests {
             .map(|k| record(total - 1 - k))
             .collect();
         assert_eq!(v.ops(H_OP), newest);
-        assert!(H_OP + 8 + OP_HISTORY * OP_WORDS * 8 <= H_OP + TEXT_LEN);
+        const { assert!(H_OP + 8 + OP_HISTORY * OP_WORDS * 8 <= H_OP + TEXT_LEN) };
     }
 }

@@ -51,6 +51,8 @@ pub struct TcpDevice {
     op_formatter: OnceLock<OpFormatter>,
     read_ids: AtomicU32,
     timeout: Duration,
+    /// Whether a peer may hold deferred frames (see [`super::peer`]).
+    any_deferred: AtomicBool,
 }
 
 /// Connects this rank to every peer of `boot` over TCP.
@@ -127,13 +129,12 @@ pub fn connect_to(
         let out = s.try_clone().map_err(|e| Error::system("tcp: clone", e))?;
         let peer = Arc::new(Peer::new(out, cfg.fifo_depth, eager, descs[r].clone()));
         let fd = s.as_raw_fd();
-        let inbox = Arc::new(Mutex::new(Inbox {
-            peer: peer.clone(),
-            stream: s,
-            depth: cfg.fifo_depth,
-            eager_max: eager,
-            broken: None,
-        }));
+        let inbox = Arc::new(Mutex::new(Inbox::new(
+            peer.clone(),
+            s,
+            cfg.fifo_depth,
+            eager,
+        )));
         let (thread_inbox, thread_bell, thread_peer) = (inbox.clone(), bell.clone(), peer.clone());
         std::thread::Builder::new()
             .name(format!("ampccl-tcp-{r}"))
@@ -154,6 +155,7 @@ pub fn connect_to(
         op_formatter: OnceLock::new(),
         read_ids: AtomicU32::new(0),
         timeout: boot.timeout(),
+        any_deferred: AtomicBool::new(false),
     }))
 }
 
@@ -291,6 +293,13 @@ impl TcpDevice {
             .expect("a link connects two distinct ranks")
     }
 
+    /// Notes that a peer holds deferred frames (`waiting`), for [`Transport::flush`].
+    fn deferred(&self, waiting: bool) {
+        if waiting {
+            self.any_deferred.store(true, Ordering::Release);
+        }
+    }
+
     /// The state of `peer` after applying the complete small frames waiting in its socket,
     /// unless its receiving thread is at it (see [`super::reader`]).
     fn polled(&self, peer: usize) -> &Peer {
@@ -336,9 +345,16 @@ impl RmaDevice for TcpDevice {
             key: slot as u32,
             ..*entry
         };
-        // A peer that is gone by now needs no clear-to-send: if its message is here, the
-        // receive completes; if not, the wait for it names the lost peer (`peer_health`).
-        let _ = p.send(&h, &frame::encode_cts(&e));
+        let payload = frame::encode_cts(&e);
+        // An eager receive's entry only exposes a length mismatch to a rendezvous sender, which
+        // can wait for our next frame or idle moment; a rendezvous receive's sender waits.
+        if entry.size as usize <= EAGER_MAX && entry.nreqs & CTS_READ == 0 {
+            self.deferred(p.defer(&h, &payload));
+        } else {
+            // A peer that is gone by now needs no clear-to-send: if its message is here, the
+            // receive completes; if not, the wait for it names the lost peer (`peer_health`).
+            let _ = p.send(&h, &payload);
+        }
         Ok(())
     }
 
@@ -479,9 +495,10 @@ impl RmaDevice for TcpDevice {
         p.eager[slot].release();
         let mut h = Header::new(Kind::Credit);
         (h.slot, h.a) = (slot as u32, seq.wrapping_add(1));
-        // The receive is complete: a peer that is gone by now (it finished and closed the
-        // connection) needs no credit, and one that still sends learns of the loss itself.
-        let _ = p.send(&h, &[]);
+        // Deferred: the sender needs it only `depth` messages later. The receive is complete:
+        // a peer that is gone by now (it finished and closed the connection) needs no credit,
+        // and one that still sends learns of the loss itself.
+        self.deferred(p.defer(&h, &[]));
         Ok(())
     }
 
@@ -553,6 +570,15 @@ impl Transport for TcpDevice {
     fn set_op_formatter(&self, f: OpFormatter) {
         let _ = self.op_formatter.set(f);
     }
+    fn flush(&self) {
+        // A frame deferred after the swap sets the flag again; one deferred before it is
+        // found under its peer's lock.
+        if self.any_deferred.swap(false, Ordering::AcqRel) {
+            for p in self.peers.iter().flatten() {
+                p.flush();
+            }
+        }
+    }
     fn mark_failed(&self, msg: &str) {
         if self.failed.swap(true, Ordering::AcqRel) {
             return;
@@ -582,7 +608,7 @@ impl Drop for TcpDevice {
     /// data it has received but not read yet.
     fn drop(&mut self) {
         for p in self.peers.iter().flatten() {
-            let _ = lock(&p.out).shutdown(std::net::Shutdown::Write);
+            p.close();
         }
     }
 }

@@ -1,12 +1,18 @@
 //! The receiving side of one peer's connection: an [`Inbox`] that applies the peer's frames
 //! to its state ([`super::peer`]), from two places. The engine, while it polls the device,
-//! applies every complete small frame already waiting in the socket ([`Inbox::progress`]): no
-//! thread hand-off between a message's arrival and the wait that needs it. A receiving thread
-//! per connection ([`run`]) blocks in `poll` while nothing arrives (no core burnt while idle)
-//! and applies what the engine leaves: large payloads (a one-sided write's, received straight
-//! into the memory the matching clear-to-send named; a read response's, into the reader's
-//! buffer: no staging copy) and frames that arrive while no engine polls; it rings the engine's
-//! doorbell after each. The inbox's lock keeps the two from reading the socket at once.
+//! applies whatever has arrived ([`Inbox::progress`]): no thread hand-off between a message's
+//! arrival and the wait that needs it. A receiving thread per connection ([`run`]) blocks in
+//! `poll` while nothing arrives (no core burnt while idle) and applies what arrives while no
+//! engine polls; it rings the engine's doorbell after each frame. The inbox's lock keeps the
+//! two from reading the socket at once.
+//!
+//! Both read the socket without blocking, in as few `recv` calls as possible: headers and
+//! small payloads go through a receive buffer (one `recv` takes every frame that is there),
+//! a one-sided write's payload goes straight into the memory the matching clear-to-send named
+//! (what came with the buffer is copied, the rest is received in place) and may arrive over
+//! several calls, from either side ([`Inbox`]'s `partial`). Only a read response is taken
+//! whole once its header is in, under the pending read's lock (the read cannot give its
+//! buffer up halfway); its payload follows its header in one `sendmsg`.
 //!
 //! The thread ends when the connection closes or the peer breaks the protocol; either way the
 //! peer is recorded dead with the reason, so every wait on it fails at its next health check.
@@ -20,18 +26,43 @@ use std::sync::{Arc, Mutex};
 use ampccl_runtime::doorbell::Doorbell;
 use ampccl_runtime::{Error, Result};
 
-use super::frame::{self, CTS_BYTES, HEADER, Header, Kind, bad};
+use super::frame::{self, CTS_BYTES, HEADER, Header, Kind, MAX_TEXT, bad};
 use super::peer::{Peer, lock};
+
+/// Bytes of the receive buffer: many small frames per `recv`; at least a header and the
+/// largest payload that is taken whole (an eager message, a failure text).
+const RX_BUF: usize = 64 << 10;
 
 /// The receiving half of one connection.
 pub(super) struct Inbox {
-    pub peer: Arc<Peer>,
-    pub stream: TcpStream,
-    pub depth: usize,
-    pub eager_max: usize,
-    /// Why the stream can no longer be read (a frame the engine's progress found bad, after
-    /// part of it was consumed).
-    pub broken: Option<String>,
+    peer: Arc<Peer>,
+    stream: TcpStream,
+    depth: usize,
+    eager_max: usize,
+    /// Why the stream can no longer be read (a bad frame or the end of the stream).
+    broken: Option<String>,
+    /// Received bytes not applied yet: `buf[start..end]`.
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+    /// The rest of a one-sided write's payload, still to come: where and how much.
+    partial: Option<(*mut u8, usize)>,
+}
+
+// SAFETY: `partial` points into memory a posted clear-to-send named, which the receive that
+// owns it keeps valid until the transfer's immediate, after this payload in stream order; it
+// is only written under the inbox's lock, from whichever thread holds it.
+unsafe impl Send for Inbox {}
+
+/// What one step of receiving did.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// A frame was applied (waiters may proceed).
+    Applied,
+    /// Bytes moved but no frame completed.
+    Moved,
+    /// Nothing more has arrived.
+    Idle,
 }
 
 /// How long the receiving thread leaves a readable socket to an engine that polled it last
@@ -51,10 +82,8 @@ pub(super) fn run(inbox: Arc<Mutex<Inbox>>, fd: RawFd, bell: Doorbell, peer: Arc
             std::thread::sleep(ENGINE_GRACE);
             continue;
         }
-        match lock(&inbox).drain(&bell) {
-            Ok(true) => {}
-            Ok(false) => break "the connection was closed".to_string(),
-            Err(e) => break e.to_string(),
+        if let Err(why) = lock(&inbox).drain(&bell) {
+            break why;
         }
     };
     peer.set_dead(why);
@@ -81,125 +110,190 @@ fn wait_readable(fd: RawFd) -> std::io::Result<()> {
     }
 }
 
-/// Bytes waiting in the socket `fd` (0 when it cannot be asked).
-fn available(fd: RawFd) -> usize {
-    let mut n: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one int through the pointer.
-    let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
-    if r < 0 { 0 } else { n.max(0) as usize }
+/// One `recv` without blocking into `dst`: `Some(n)` bytes (0: the end of the stream), `None`
+/// when nothing is there.
+fn recv_some(fd: RawFd, dst: &mut [u8]) -> std::io::Result<Option<usize>> {
+    loop {
+        // SAFETY: `dst` is valid for `dst.len()` bytes of writes.
+        let n = unsafe { libc::recv(fd, dst.as_mut_ptr().cast(), dst.len(), libc::MSG_DONTWAIT) };
+        if n >= 0 {
+            return Ok(Some(n as usize));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.kind() {
+            std::io::ErrorKind::WouldBlock => return Ok(None),
+            std::io::ErrorKind::Interrupted => continue,
+            _ => return Err(e),
+        }
+    }
 }
 
 impl Inbox {
-    /// Applies frames while the socket has bytes (each frame read whole, waiting for its rest);
-    /// `Ok(false)` at the end of the stream.
-    fn drain(&mut self, bell: &Doorbell) -> Result<bool> {
+    pub fn new(peer: Arc<Peer>, stream: TcpStream, depth: usize, eager_max: usize) -> Inbox {
+        assert!(HEADER + eager_max.max(MAX_TEXT as usize).max(CTS_BYTES) <= RX_BUF);
+        Inbox {
+            peer,
+            stream,
+            depth,
+            eager_max,
+            broken: None,
+            buf: vec![0u8; RX_BUF].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            partial: None,
+        }
+    }
+
+    /// The receiving thread's share: applies frames until nothing more has arrived, ringing
+    /// `bell` after each; `Err(why)` once the stream ended or broke.
+    fn drain(&mut self, bell: &Doorbell) -> std::result::Result<(), String> {
+        loop {
+            match self.step() {
+                Ok(Step::Applied) => bell.ring(),
+                Ok(Step::Moved) => {}
+                Ok(Step::Idle) => return Ok(()),
+                Err(e) => return Err(self.break_with(e)),
+            }
+        }
+    }
+
+    /// The engine's share, on every poll of the device: applies whatever has arrived, without
+    /// blocking (but for the rest of a read response whose header came).
+    pub fn progress(&mut self) {
+        loop {
+            match self.step() {
+                Ok(Step::Applied | Step::Moved) => {}
+                Ok(Step::Idle) => return,
+                Err(e) => {
+                    self.break_with(e);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Records that the stream cannot be read any further and why (the peer is dead).
+    fn break_with(&mut self, e: Error) -> String {
+        let why = self.broken.get_or_insert_with(|| e.to_string()).clone();
+        self.peer.set_dead(why.clone());
+        why
+    }
+
+    /// Bytes received and not applied yet.
+    fn buffered(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Receives more into the buffer: `Ok(true)` if bytes came.
+    fn fill_buf(&mut self) -> Result<bool> {
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        } else if self.end == self.buf.len() {
+            self.buf.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.end - self.start);
+        }
+        let fd = self.stream.as_raw_fd();
+        match recv_some(fd, &mut self.buf[self.end..]) {
+            Ok(Some(0)) if self.buffered() == 0 && self.partial.is_none() => {
+                Err(Error::Remote("the connection was closed".into()))
+            }
+            Ok(Some(0)) => Err(Error::Remote("connection lost in a frame".into())),
+            Ok(Some(n)) => {
+                self.end += n;
+                Ok(true)
+            }
+            Ok(None) => Ok(false),
+            Err(e) => Err(Error::Remote(format!("connection lost: {e}"))),
+        }
+    }
+
+    /// One step: the rest of a partial write, or the next frame if it is there.
+    fn step(&mut self) -> Result<Step> {
         if let Some(why) = &self.broken {
             return Err(Error::Remote(why.clone()));
         }
-        loop {
-            let mut one = [0u8; 1];
-            // SAFETY: `one` is valid for one byte; MSG_PEEK leaves it in the socket.
-            let n = unsafe {
-                libc::recv(
-                    self.stream.as_raw_fd(),
-                    one.as_mut_ptr().cast(),
-                    1,
-                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
-                )
-            };
-            match n {
-                0 => return Ok(false),
-                n if n < 0 => {
-                    let e = std::io::Error::last_os_error();
-                    return match e.kind() {
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted => {
-                            Ok(true)
-                        }
-                        _ => Err(Error::Remote(format!("connection lost: {e}"))),
-                    };
-                }
-                _ => {
-                    if !self.next()? {
-                        return Ok(false);
-                    }
-                    bell.ring();
-                }
-            }
+        if let Some((dst, left)) = self.partial {
+            return self.continue_write(dst, left);
         }
+        if self.buffered() < HEADER {
+            return Ok(if self.fill_buf()? {
+                Step::Moved
+            } else {
+                Step::Idle
+            });
+        }
+        let head: &[u8; HEADER] = self.buf[self.start..self.start + HEADER]
+            .try_into()
+            .expect("a header");
+        let h = Header::decode(head, self.depth, self.eager_max)?;
+        let whole = match h.kind {
+            Kind::Cts | Kind::Eager | Kind::Fail => h.len as usize,
+            _ => 0,
+        };
+        if self.buffered() < HEADER + whole {
+            return Ok(if self.fill_buf()? {
+                Step::Moved
+            } else {
+                Step::Idle
+            });
+        }
+        self.start += HEADER;
+        let body = self.start;
+        self.start += whole;
+        self.apply(&h, body)?;
+        Ok(match h.kind {
+            Kind::Write if self.partial.is_some() => Step::Moved,
+            _ => Step::Applied,
+        })
     }
 
-    /// Applies every frame that is already whole in the socket, without blocking (a payload
-    /// larger than what has arrived is left to the receiving thread): the engine's share of
-    /// the receiving, on every poll of the device.
-    pub fn progress(&mut self) {
-        if self.broken.is_some() {
-            return;
-        }
-        let fd = self.stream.as_raw_fd();
-        loop {
-            let waiting = available(fd);
-            if waiting < HEADER {
-                return;
+    /// Receives more of the write whose `left` bytes go to `dst`: first from the buffer, then
+    /// straight from the socket.
+    fn continue_write(&mut self, dst: *mut u8, left: usize) -> Result<Step> {
+        // SAFETY: see `Inbox`'s `Send`: `dst` stays valid for `left` bytes until we finish.
+        let out = unsafe { std::slice::from_raw_parts_mut(dst, left) };
+        let n = if self.buffered() > 0 {
+            let n = left.min(self.buffered());
+            out[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
+            self.start += n;
+            n
+        } else {
+            match recv_some(self.stream.as_raw_fd(), out) {
+                Ok(Some(0)) => return Err(Error::Remote("connection lost in a frame".into())),
+                Ok(Some(n)) => n,
+                Ok(None) => return Ok(Step::Idle),
+                Err(e) => return Err(Error::Remote(format!("connection lost in a frame: {e}"))),
             }
-            let mut head = [0u8; HEADER];
-            // SAFETY: `head` is valid for HEADER bytes; MSG_PEEK leaves them in the socket.
-            let n = unsafe {
-                libc::recv(
-                    fd,
-                    head.as_mut_ptr().cast(),
-                    HEADER,
-                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
-                )
-            };
-            if n != HEADER as isize {
-                return;
-            }
-            // A bad header is the receiving thread's to report (it reads the same bytes).
-            let Ok(h) = Header::decode(&head, self.depth, self.eager_max) else {
-                return;
-            };
-            let payload = match h.kind {
-                Kind::Imm | Kind::Credit | Kind::Ack | Kind::ReadReq => 0,
-                _ => usize::try_from(h.len).unwrap_or(usize::MAX),
-            };
-            if waiting < HEADER.saturating_add(payload) {
-                return;
-            }
-            if let Err(e) = self.next() {
-                // Part of the frame is consumed: the stream cannot be read any further.
-                self.broken = Some(e.to_string());
-                self.peer.set_dead(e.to_string());
-                return;
-            }
-        }
+        };
+        self.partial = (n < left).then(|| (dst.wrapping_add(n), left - n));
+        Ok(if self.partial.is_some() {
+            Step::Moved
+        } else {
+            Step::Applied
+        })
     }
 
-    /// Receives and applies one frame; `Ok(false)` at a clean end of the stream.
-    fn next(&mut self) -> Result<bool> {
-        let mut head = [0u8; HEADER];
-        match self.stream.read(&mut head[..1]) {
-            Ok(0) => return Ok(false),
-            Ok(_) => {}
-            Err(e) => return Err(Error::Remote(format!("connection lost: {e}"))),
-        }
-        self.fill(&mut head[1..])?;
-        let h = Header::decode(&head, self.depth, self.eager_max)?;
+    /// Applies frame `h`, whose payload (if taken whole) starts at `buf[body]`.
+    fn apply(&mut self, h: &Header, body: usize) -> Result<()> {
         let peer = self.peer.clone();
         let slot = h.slot as usize;
+        let payload = &self.buf[body..body
+            + match h.kind {
+                Kind::Cts | Kind::Eager | Kind::Fail => h.len as usize,
+                _ => 0,
+            }];
         match h.kind {
             Kind::Cts => {
-                let mut b = [0u8; CTS_BYTES];
-                self.fill(&mut b)?;
-                peer.cts[slot].store(&frame::decode_cts(&b));
+                let b: &[u8; CTS_BYTES] = payload.try_into().expect("a clear-to-send entry");
+                peer.cts[slot].store(&frame::decode_cts(b));
             }
             Kind::Write => {
                 self.check_region(slot, h.addr, h.len, false)?;
-                // SAFETY: `[addr, addr + len)` lies inside the memory our clear-to-send of this
-                // slot named, which the receive owning it keeps valid and untouched until the
-                // transfer's immediate closes the region (after this payload, in stream order).
-                let dst =
-                    unsafe { std::slice::from_raw_parts_mut(h.addr as *mut u8, h.len as usize) };
-                self.fill(dst)?;
+                if h.len > 0 {
+                    // Its bounds are checked: the rest comes in `continue_write`.
+                    self.partial = Some((h.addr as *mut u8, h.len as usize));
+                    self.continue_write(h.addr as *mut u8, h.len as usize)?;
+                }
             }
             Kind::Imm => {
                 lock(&peer.regions)[slot].open = false;
@@ -208,8 +302,11 @@ impl Inbox {
                 imm.store(h.a, Ordering::Release);
             }
             Kind::Eager => {
-                let len = h.len as usize;
-                if !peer.eager[slot].put(h.a, h.b, len, |buf| self.fill(buf))? {
+                let put = peer.eager[slot].put(h.a, h.b, payload.len(), |dst| {
+                    dst.copy_from_slice(payload);
+                    Ok(())
+                })?;
+                if !put {
                     return Err(bad(format!("eager message into the full slot {slot}")));
                 }
             }
@@ -228,21 +325,10 @@ impl Inbox {
                 resp.len = h.len;
                 peer.send(&resp, src)?;
             }
-            Kind::ReadResp => self.read_response(&h)?,
-            Kind::Fail => {
-                let mut text = vec![0u8; h.len as usize];
-                self.fill(&mut text)?;
-                peer.set_failed(String::from_utf8_lossy(&text).into_owned());
-            }
+            Kind::ReadResp => self.read_response(h)?,
+            Kind::Fail => peer.set_failed(String::from_utf8_lossy(payload).into_owned()),
         }
-        Ok(true)
-    }
-
-    /// Fills `buf` from the stream (the frame's rest must come).
-    fn fill(&mut self, buf: &mut [u8]) -> Result<()> {
-        self.stream
-            .read_exact(buf)
-            .map_err(|e| Error::Remote(format!("connection lost in a frame: {e}")))
+        Ok(())
     }
 
     /// Checks that the peer's write (or read) of `len` bytes at `addr` lies inside the open
@@ -261,9 +347,9 @@ impl Inbox {
         )))
     }
 
-    /// Receives the answer to our pending read straight into its buffer. The pending read's
-    /// lock is held while the payload comes in, so the read cannot give its buffer up (at its
-    /// timeout) in the middle of it.
+    /// Receives the answer to our pending read straight into its buffer (what came with the
+    /// receive buffer is copied). The pending read's lock is held while the payload comes in,
+    /// so the read cannot give its buffer up (at its timeout) in the middle of it.
     fn read_response(&mut self, h: &Header) -> Result<()> {
         let peer = self.peer.clone();
         let mut pending = lock(&peer.read);
@@ -279,8 +365,11 @@ impl Inbox {
         // SAFETY: the read that owns `dst` keeps it valid for `len` bytes while it is pending,
         // and it stops being pending only under this lock.
         let dst = unsafe { std::slice::from_raw_parts_mut(p.dst, p.len as usize) };
+        let n = dst.len().min(self.buffered());
+        dst[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
+        self.start += n;
         self.stream
-            .read_exact(dst)
+            .read_exact(&mut dst[n..])
             .map_err(|e| Error::Remote(format!("connection lost in a read response: {e}")))?;
         p.done = true;
         peer.read_done.notify_all();
@@ -294,32 +383,90 @@ mod tests {
     use std::io::Write;
     use std::net::TcpListener;
 
-    /// A header that claims more payload than the address space holds is left to the receiving
-    /// thread (which rejects the write: no clear-to-send names it), never an overflow.
-    #[test]
-    fn a_huge_claimed_length_is_not_applied_by_the_engine() {
+    fn pair() -> (TcpStream, Inbox, Arc<Peer>) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let mut tx = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (rx, _) = l.accept().unwrap();
-        let out = rx.try_clone().unwrap();
-        let peer = Arc::new(Peer::new(out, 4, 64, "rank 1".into()));
+        let peer = Arc::new(Peer::new(rx.try_clone().unwrap(), 4, 64, "rank 1".into()));
+        (tx, Inbox::new(peer.clone(), rx, 4, 64), peer)
+    }
+
+    /// Applies until `done` or a second passes.
+    fn pump(inbox: &mut Inbox, done: impl Fn(&Inbox) -> bool) {
+        let t0 = std::time::Instant::now();
+        while !done(inbox) && t0.elapsed() < std::time::Duration::from_secs(1) {
+            inbox.progress();
+        }
+    }
+
+    /// A header that claims more payload than the address space holds is refused (no
+    /// clear-to-send names it) before anything is received for it: an error, no overflow.
+    #[test]
+    fn a_huge_claimed_length_is_refused() {
+        let (mut tx, mut inbox, peer) = pair();
         let mut h = Header::new(Kind::Write);
         h.len = u64::MAX;
         tx.write_all(&h.encode()).unwrap();
-        let mut inbox = Inbox {
-            peer: peer.clone(),
-            stream: rx,
-            depth: 4,
-            eager_max: 64,
-            broken: None,
-        };
-        while available(inbox.stream.as_raw_fd()) < HEADER {
-            std::thread::yield_now();
-        }
-        inbox.progress();
-        assert!(inbox.broken.is_none() && peer.health().is_ok());
-        // The receiving thread's path reads it and refuses it.
-        let e = inbox.next().unwrap_err().to_string();
+        pump(&mut inbox, |i| i.broken.is_some());
+        let e = peer.health().unwrap_err().to_string();
         assert!(e.contains("outside what clear-to-send"), "{e}");
+    }
+
+    /// Many small frames in one `recv`, a frame split across two, and a write whose payload
+    /// arrives in pieces: each applied once whole, the write straight into its memory.
+    #[test]
+    fn frames_split_and_batched_are_applied_whole() {
+        let (mut tx, mut inbox, peer) = pair();
+        let mut target = vec![0u8; 100_000];
+        *lock(&peer.regions).get_mut(2).unwrap() = super::super::peer::Region {
+            open: true,
+            read: false,
+            addr: target.as_mut_ptr() as u64,
+            len: target.len() as u64,
+        };
+        let mut bytes = Vec::new();
+        for s in 0..4u32 {
+            let mut c = Header::new(Kind::Credit);
+            (c.slot, c.a) = (s, 10 + s);
+            bytes.extend_from_slice(&c.encode());
+        }
+        let mut w = Header::new(Kind::Write);
+        (w.slot, w.addr, w.len) = (2, target.as_ptr() as u64, target.len() as u64);
+        bytes.extend_from_slice(&w.encode());
+        bytes.extend((0..target.len()).map(|i| (i % 251) as u8));
+        let mut imm = Header::new(Kind::Imm);
+        (imm.slot, imm.a, imm.len) = (2, 77, target.len() as u64);
+        bytes.extend_from_slice(&imm.encode());
+        // In pieces that cut headers and the payload anywhere.
+        for piece in bytes.chunks(7_919) {
+            tx.write_all(piece).unwrap();
+            tx.flush().unwrap();
+            inbox.progress();
+        }
+        pump(&mut inbox, |_| peer.imm[2].0.load(Ordering::Acquire) == 77);
+        assert!(inbox.broken.is_none(), "{:?}", inbox.broken);
+        for s in 0..4 {
+            assert_eq!(peer.credits[s].load(Ordering::Acquire), 10 + s as u32);
+        }
+        assert!(
+            target
+                .iter()
+                .enumerate()
+                .all(|(i, &b)| b == (i % 251) as u8)
+        );
+        assert_eq!(peer.imm[2].1.load(Ordering::Relaxed), target.len() as u64);
+        assert!(!lock(&peer.regions)[2].open);
+    }
+
+    /// The end of the stream in the middle of a frame is a lost connection naming it.
+    #[test]
+    fn the_end_of_the_stream_inside_a_frame_is_an_error() {
+        let (mut tx, mut inbox, peer) = pair();
+        tx.write_all(&Header::new(Kind::Ack).encode()[..10])
+            .unwrap();
+        drop(tx);
+        pump(&mut inbox, |i| i.broken.is_some());
+        let e = peer.health().unwrap_err().to_string();
+        assert!(e.contains("connection lost in a frame"), "{e}");
     }
 }
