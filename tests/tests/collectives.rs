@@ -367,6 +367,21 @@ fn tcp_allreduce_w2_pair() {
     );
 }
 
+/// Over IPv6 end to end: the rendezvous root on `::1` (`MASTER_ADDR`), the bootstrap and the
+/// TCP data connections on the address that routes to it.
+#[test]
+fn tcp_allreduce_over_ipv6() {
+    let port = ampccl_tests::free_port().to_string();
+    let token = format!("ipv6-{}", std::process::id());
+    Launch::new(2, "allreduce_mixed")
+        .without_unique_id()
+        .env("MASTER_ADDR", "::1")
+        .env("MASTER_PORT", &port)
+        .env("AMPCCL_TOKEN", &token)
+        .env("AMPCCL_SHM_DISABLE", "1")
+        .run();
+}
+
 #[test]
 fn tcp_allgather_w2_pair() {
     launch(
