@@ -1,0 +1,469 @@
+#!/usr/bin/env python3
+"""Across emulated hosts, in one run with alternated rounds: ampccl, the network ceiling
+(iperf3), Gloo, Intel MPI and Open MPI, one rank per host, f32 (sum), medians per size.
+
+    python3 benches/scripts/compare_hosts.py --rounds 5 --hosts 2 --op allreduce \\
+        --sizes 8,1M,16M,64M --peers ampccl,iperf3,gloo,impi,ompi --out-dir DIR [--rate 5gbit]
+    ampccl-perf plot --out cmp.png DIR/allreduce-*.csv
+
+Needs root and the release binaries `ampccl-hosts` and `ampccl-perf` ($AMPCCL_HOSTS and
+$AMPCCL_PERF, else $CARGO_TARGET_DIR/release, else target/release); the peers come from
+benches/peers/install.sh (--gloo for torch) under $PEERS_HOME (default ~/.cache/ampccl-peers),
+iperf3 from the system. A peer that is not installed is skipped with one line saying so.
+
+Every launch makes its own K emulated hosts with `ampccl-hosts -k K [--rate R] -- ...`
+(tests/src/hosts.rs: host i is 10.213.0.<i+1>, a network, UTS and mount namespace each, veths
+on a bridge; `--rate` shapes every host's link with tc tbf) and they are gone when it ends;
+every launch sets up the same hosts. Per variant:
+
+  ampccl      `ampccl-hosts -k K -- ampccl-perf -o OP -b S -e S -n N -w W --csv F`, one launch
+              per size (ampccl-perf's rank-per-host mode: MASTER_ADDR/RANK/WORLD_SIZE from
+              ampccl-hosts). --pin-ampccl runs each rank under `taskset -c RANK%CPUS`, as the
+              peers below are pinned; by default ampccl-perf decides (it does not pin there).
+  gloo        `ampccl-hosts -k K -- torch/bin/python peer_bench.py --backend gloo`: each rank
+              is a torch.distributed process (init_method env://, GLOO_SOCKET_IFNAME=eth0,
+              pinned to CPU RANK%CPUS by peer_bench.py), all sizes in one launch.
+  impi        rank 0 of `ampccl-hosts -k K -- sh -c '[ $RANK = 0 ] && exec mpirun ...'` runs
+              Intel MPI's hydra in host 0 (the other ranks exit at once; the hosts stay while
+              rank 0 runs); hydra starts its proxy in each host through the ssh stand-in
+              benches/scripts/hosts_ssh.sh (I_MPI_HYDRA_BOOTSTRAP=ssh,
+              I_MPI_HYDRA_BOOTSTRAP_EXEC), FI_PROVIDER=tcp, I_MPI_HYDRA_IFACE=FI_TCP_IFACE=eth0
+              (the hosts' names do not resolve). `-hosts` are the addresses; one MPMD section
+              per host pins its rank to CPU RANK%CPUS (see "Binding" below). IMB-MPI1 OP
+              -npmin K -msgsize B -iter N
+              -iter_policy off, one launch per size, t_avg taken (IMB's Allgather size is one
+              rank's block: B = S/K; its Reduce_scatter size is the whole input).
+  ompi        the same with Open MPI 5's mpirun: `--prtemca plm_ssh_agent hosts_ssh.sh --host
+  ompi-yield  10.213.0.1,... --map-by rankfile:file=F --mca btl tcp,self --mca
+              btl_tcp_if_include 10.213.0.0/24 --mca oob_tcp_if_include 10.213.0.0/24`, running
+              peer_bench.py --backend mpi (mpi4py); the rankfile puts rank r on host r, CPU
+              r%CPUS (see "Binding"). `ompi` is the default progress, `ompi-yield` adds `--mca
+              mpi_yield_when_idle 1`. --peers ompi runs both; ompi-default or ompi-yield only one.
+  iperf3      `ampccl-hosts [--rate R] --iperf3 "-t T"`, then "-t T -P 4", then "-t T --bidir"
+              (always 2 hosts: server in host 0, client in host 1): receiver rates, in GB/s
+              (10^9 bytes/s) per direction: single stream, the sum of 4 streams, and each
+              direction of --bidir (1->0 is the client's sending side, TX-C).
+
+Binding: the emulated hosts share this machine's CPUs and each sees all of them, so an MPI
+launcher's default binding (Open MPI: --bind-to core; Intel MPI: I_MPI_PIN) puts the rank of
+every host on CPU 0: two busy-polling ranks then share one core and take turns per scheduler
+tick (the "4 ms steps per exchange" of Open MPI's default progress across emulated hosts come
+from this, not from the network). By default (--mpi-pin per-host) each host's rank is bound, all
+its threads, to CPU r%CPUS, as ranks on separate machines each have their own cores;
+--mpi-pin default keeps the launchers' binding to show that effect. Gloo's ranks pin their main
+thread (peer_bench.py); ampccl's ranks are not pinned unless --pin-ampccl.
+
+Iteration counts are peer_bench.py's (about 256 MiB moved per size, 20..1000 calls, a quarter
+warm-up) for ampccl, Gloo, Open MPI and IMB (`-iter N -iter_policy off`; IMB warms up on its
+own). Sizes are nccl-tests' (the larger buffer: allgather's gathered output, reducescatter's
+input, rounded down to whole f32 blocks per rank); a size that rounds to 0 bytes is left out.
+The times are out-of-place (in place for broadcast), the slowest rank's mean, as in
+compare_peers.py.
+
+Each round runs every (op, variant) once in the order of --op and --peers, iperf3 once per
+round where it stands in --peers; before each round the script waits (--wait-quiet) for
+builds of other people on the machine to end and, unless --no-probe, for the host to leave a
+slow spell (compare_peers.py's HostProbe; a round during which a spell began is run again, at
+most --rounds times). A launch that fails or runs past --timeout is reported on stderr with its
+last lines and left out of that round (the median is over the rounds that gave a figure; the
+table says how many when fewer).
+
+Output: per op a markdown table of the medians, time per call (us) and algbw (GB/s) per size
+and variant, with `best peer / ampccl` (the fastest peer's time over ampccl's: > 1 is ampccl
+faster) and `ampccl / iperf3 1-stream` (algbw over the single-stream ceiling); then the iperf3
+ceilings. Files in --out-dir:
+  compare_hosts.csv   the medians: op,hosts,variant,size,bytes,rounds,time_us,algbw_gbs,
+                      busbw_gbs,wrong (wrong: results checked by ampccl-perf and peer_bench.py;
+                      IMB does not check, empty)
+  ceilings.csv        iperf3 medians: variant,rounds,gbs (per direction)
+  rounds.csv          every figure of every round: round,op,variant,size,bytes,time_us,gbs,
+                      wrong (the iperf3 rows have op iperf3 and only gbs)
+  OP-VARIANT.csv      the medians in ampccl-perf's CSV format, for `ampccl-perf plot`
+"""
+import argparse, csv, io, os, re, shutil, signal, statistics, subprocess, sys, tempfile, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from peer_bench import BUS, HEADER, iterations, parse_size  # noqa: E402
+from compare_peers import HostProbe, SPELL_US, builders, perf_exe, placement, wait_quiet  # noqa: E402
+
+PEERS_HOME = os.environ.get("PEERS_HOME", os.path.expanduser("~/.cache/ampccl-peers"))
+HOSTS_SSH = os.path.join(HERE, "hosts_ssh.sh")
+PEER_BENCH = os.path.join(HERE, "peer_bench.py")
+SUBNET = "10.213.0.0/24"  # tests/src/hosts.rs: host i is 10.213.0.<i+1>
+OPS = ("allreduce", "allgather", "reducescatter", "broadcast")
+IMB = {"allreduce": "Allreduce", "allgather": "Allgather", "reducescatter": "Reduce_scatter",
+       "broadcast": "Bcast"}
+VARIANTS = ("ampccl", "gloo", "impi", "ompi", "ompi-yield")
+TITLES = {"ampccl": "ampccl", "gloo": "Gloo", "impi": "Intel MPI", "ompi": "Open MPI",
+          "ompi-yield": "Open MPI yield"}
+NAMES = {"ampccl": "ampccl", "gloo": "gloo", "impi": "intel-mpi", "ompi": "open-mpi",
+         "ompi-yield": "open-mpi-yield"}
+IPERF = {"single": "-t {t}", "P4": "-t {t} -P 4", "bidir": "-t {t} --bidir"}
+CEILINGS = ("single", "P4", "bidir 1->0", "bidir 0->1")
+CEIL_TITLES = {"single": "iperf3 1 stream", "P4": "iperf3 -P 4 (sum)",
+               "bidir 1->0": "iperf3 --bidir 1->0", "bidir 0->1": "iperf3 --bidir 0->1"}
+# Sent to rank 0 only: the launchers start every host's rank themselves.
+RANK0 = ["sh", "-c", '[ "$RANK" = 0 ] || exit 0; exec "$@"', "rank0"]
+
+
+class Failed(Exception):
+    pass
+
+
+def hosts_exe():
+    if "AMPCCL_HOSTS" in os.environ:
+        return os.environ["AMPCCL_HOSTS"]
+    return os.path.join(os.path.dirname(perf_exe()), "ampccl-hosts")
+
+
+def addr(i):
+    return f"10.213.0.{i + 1}"
+
+
+def launch(cmd, env, timeout):
+    """Runs cmd in a session of its own (ampccl-hosts and every rank it starts); on timeout
+    kills that process group. Returns stdout; raises Failed with the last lines otherwise."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        raise Failed(f"ran past {timeout} s\n" + tail(out, err))
+    if p.returncode != 0:
+        raise Failed(f"exit status {p.returncode}\n" + tail(out, err))
+    return out
+
+
+def tail(out, err, n=12):
+    lines = (out or "").splitlines()[-n:] + (err or "").splitlines()[-n:]
+    return "\n".join("    " + l for l in lines)
+
+
+def effective(op, size, k):
+    """Bytes an op of nccl-tests size `size` moves with k ranks (peer_bench.py's rounding)."""
+    total = size // 4
+    return 4 * {"allgather": total // k * k, "reducescatter": total // k * k}.get(op, total)
+
+
+class Bench:
+    def __init__(self, a):
+        self.a, self.k = a, a.hosts
+        self.cpus = sorted(os.sched_getaffinity(0))
+        self.tmp = tempfile.mkdtemp(prefix="ampccl-cmp-hosts-")
+        self.base = [hosts_exe()] + (["--rate", a.rate] if a.rate else [])
+
+    def hosts(self, program):
+        return self.base + ["-k", str(self.k), "--"] + program
+
+    def csv_rows(self, text, op):
+        """Rows of an ampccl-perf/peer_bench CSV text matching the peers' calls, in order."""
+        if HEADER not in text:
+            raise Failed("no CSV header in the output\n" + tail(text, ""))
+        body = text[text.index(HEADER):]
+        return [r for r in csv.DictReader(io.StringIO(body)) if r["placement"] == placement(op)]
+
+    # --- the variants: each returns {size: (time_us, wrong or None)} ---
+
+    def ampccl(self, op, sizes):
+        res = {}
+        for s in sizes:
+            n, w = iterations(s)
+            out = os.path.join(self.tmp, "ampccl.csv")
+            prog = [perf_exe(), "-o", op, "-b", str(s), "-e", str(s), "-n", str(n), "-w", str(w),
+                    "--csv", out]
+            if self.a.pin_ampccl:
+                ncpu = len(self.cpus)
+                prog = ["sh", "-c", f'exec taskset -c "$(( $RANK % {ncpu} ))" "$@"', "pin"] + prog
+            launch(self.hosts(prog), dict(os.environ), self.a.timeout)
+            with open(out) as f:
+                rows = self.csv_rows(f.read(), op)
+            os.remove(out)
+            row = max(rows, key=lambda r: int(r["bytes"]))
+            res[s] = (float(row["time_us"]), int(row["wrong"]))
+        return res
+
+    def peer_bench(self, backend, op, sizes, prog, env):
+        text = launch(self.hosts(prog + [PEER_BENCH, "--backend", backend, "--op", op,
+                                         "--sizes", ",".join(map(str, sizes))]),
+                      env, self.a.timeout)
+        rows = self.csv_rows(text, op)
+        if len(rows) != len(sizes):
+            raise Failed(f"{len(rows)} rows for {len(sizes)} sizes\n" + tail(text, ""))
+        return {s: (float(r["time_us"]), int(r["wrong"])) for s, r in zip(sizes, rows)}
+
+    def gloo(self, op, sizes):
+        env = dict(os.environ, GLOO_SOCKET_IFNAME="eth0", OMP_NUM_THREADS="1")
+        return self.peer_bench("gloo", op, sizes, [f"{PEERS_HOME}/torch/bin/python"], env)
+
+    def ompi(self, op, sizes, yield_when_idle=False):
+        o = f"{PEERS_HOME}/ompi"
+        env = dict(os.environ, PATH=f"{o}/bin:" + os.environ["PATH"], OMPI_ALLOW_RUN_AS_ROOT="1",
+                   OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+        prog = RANK0 + [f"{o}/bin/mpirun", "--prtemca", "plm_ssh_agent", HOSTS_SSH,
+                        "--host", ",".join(addr(i) for i in range(self.k)), "-n", str(self.k)]
+        if self.a.mpi_pin == "per-host":
+            rankfile = os.path.join(self.tmp, "rankfile")
+            with open(rankfile, "w") as f:
+                f.writelines(f"rank {r}={addr(r)} slot={r % len(self.cpus)}\n" for r in range(self.k))
+            prog += ["--map-by", f"rankfile:file={rankfile}"]
+        else:
+            prog += ["--map-by", "node"]
+        prog += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", SUBNET,
+                 "--mca", "oob_tcp_if_include", SUBNET]
+        if yield_when_idle:
+            prog += ["--mca", "mpi_yield_when_idle", "1"]
+        return self.peer_bench("mpi", op, sizes, prog + [f"{o}/bin/python"], env)
+
+    def impi(self, op, sizes):
+        i = f"{PEERS_HOME}/impi"
+        env = dict(os.environ, I_MPI_ROOT=i, PATH=f"{i}/bin:" + os.environ["PATH"],
+                   LD_LIBRARY_PATH=f"{i}/lib", FI_PROVIDER="tcp", FI_TCP_IFACE="eth0",
+                   I_MPI_HYDRA_IFACE="eth0", I_MPI_HYDRA_BOOTSTRAP="ssh",
+                   I_MPI_HYDRA_BOOTSTRAP_EXEC=HOSTS_SSH)
+        res = {}
+        for s in sizes:
+            n, _ = iterations(s)
+            msg = effective(op, s, self.k) // (self.k if op == "allgather" else 1)
+            imb = ["IMB-MPI1", IMB[op], "-npmin", str(self.k), "-msgsize", str(msg), "-iter", str(n),
+                   "-iter_policy", "off", "-time", "100000"]
+            prog = RANK0 + ["mpirun"]
+            for r in range(self.k):
+                pin = (["-env", "I_MPI_PIN_PROCESSOR_LIST", str(self.cpus[r % len(self.cpus)])]
+                       if self.a.mpi_pin == "per-host" else [])
+                prog += ([":"] if r else []) + ["-n", "1", "-host", addr(r)] + pin + imb
+            text = launch(self.hosts(prog), env, self.a.timeout)
+            got = [f for f in (l.split() for l in text.splitlines())
+                   if len(f) == 5 and f[0].isdigit() and int(f[0]) == msg]
+            if not got:
+                raise Failed(f"no IMB row for {msg} B\n" + tail(text, ""))
+            res[s] = (float(got[-1][4]), None)  # t_avg (us)
+        return res
+
+    def iperf3(self):
+        """{ceiling: GB/s} of one round."""
+        res = {}
+        for name, args in IPERF.items():
+            text = launch(self.base + ["--iperf3", args.format(t=self.a.iperf3_time)],
+                          dict(os.environ), self.a.timeout)
+            recv = [l for l in text.splitlines() if l.rstrip().endswith("receiver")]
+            pick = {"single": [("single", lambda l: "[SUM]" not in l)],
+                    "P4": [("P4", lambda l: "[SUM]" in l)],
+                    "bidir": [("bidir 1->0", lambda l: "TX-C" in l and "[SUM]" not in l),
+                              ("bidir 0->1", lambda l: "RX-C" in l and "[SUM]" not in l)]}[name]
+            for key, match in pick:
+                lines = [l for l in recv if match(l)]
+                m = re.search(r"([\d.]+) ([KMG]?)bits/sec", lines[0]) if lines else None
+                if not m:
+                    raise Failed(f"iperf3 {args}: no receiver rate\n" + tail(text, ""))
+                res[key] = float(m.group(1)) * {"": 1e-9, "K": 1e-6, "M": 1e-3, "G": 1.0}[m.group(2)] / 8
+        return res
+
+
+def installed(v):
+    """None if variant v can run here, else what is missing."""
+    need = {"ampccl": [hosts_exe(), perf_exe()],
+            "gloo": [f"{PEERS_HOME}/torch/bin/python"],
+            "impi": [f"{PEERS_HOME}/impi/bin/mpirun", f"{PEERS_HOME}/impi/bin/IMB-MPI1"],
+            "ompi": [f"{PEERS_HOME}/ompi/bin/mpirun", f"{PEERS_HOME}/ompi/bin/python"],
+            "ompi-yield": [f"{PEERS_HOME}/ompi/bin/mpirun", f"{PEERS_HOME}/ompi/bin/python"],
+            "iperf3": [shutil.which("iperf3") or "iperf3 (on PATH)"]}[v]
+    missing = [p for p in need if not os.access(p, os.X_OK)]
+    return ", ".join(missing) or None
+
+
+def fmt(x, spec):
+    return "—" if x is None else format(x, spec)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--hosts", type=int, default=2, help="emulated hosts, one rank each")
+    ap.add_argument("--op", default="allreduce", help=f"comma-separated: {', '.join(OPS)}")
+    ap.add_argument("--sizes", default="8,1M,16M,64M", help="comma-separated, K/M/G suffixes")
+    ap.add_argument("--peers", default="ampccl,iperf3,gloo,impi,ompi",
+                    help="comma-separated, in run order: ampccl, iperf3, gloo, impi, ompi (both "
+                         "Open MPI variants), ompi-default, ompi-yield")
+    ap.add_argument("--rate", help="shape every host's link with tc tbf (e.g. 5gbit)")
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--iperf3-time", type=float, default=3, help="seconds per iperf3 test")
+    ap.add_argument("--pin-ampccl", action="store_true",
+                    help="run each ampccl rank under taskset -c RANK%%CPUS, as the peers are pinned")
+    ap.add_argument("--mpi-pin", choices=["per-host", "default"], default="per-host",
+                    help="per-host: each MPI rank (all its threads) on CPU RANK%%CPUS, as on "
+                         "separate machines; default: the launchers' own binding, which puts "
+                         "every host's rank on CPU 0 (see the docstring)")
+    ap.add_argument("--timeout", type=int, default=600, help="seconds per launch")
+    ap.add_argument("--wait-quiet", type=int, default=600,
+                    help="before each round, wait up to this many seconds for builds to end")
+    ap.add_argument("--no-probe", action="store_true", help="do not probe the host for slow spells")
+    ap.add_argument("--wait-spell", type=int, default=600,
+                    help="before each round, wait up to this many seconds for a slow spell to end")
+    a = ap.parse_args()
+
+    ops = a.op.split(",")
+    if bad := [o for o in ops if o not in OPS]:
+        sys.exit(f"unknown ops {bad}; known: {', '.join(OPS)}")
+    sizes = [parse_size(s) for s in a.sizes.split(",")]
+    order = []
+    for p in a.peers.split(","):
+        expand = {"ompi": ["ompi", "ompi-yield"], "ompi-default": ["ompi"]}.get(p, [p])
+        for v in expand:
+            if v not in VARIANTS + ("iperf3",):
+                sys.exit(f"unknown peer {p}; known: ampccl, iperf3, gloo, impi, ompi, ompi-default, ompi-yield")
+            if v not in order:
+                order.append(v)
+    for v in list(order):
+        if (missing := installed(v)):
+            print(f"skipping {v}: not installed ({missing}; see benches/peers/install.sh)", file=sys.stderr)
+            order.remove(v)
+    if not order:
+        sys.exit("nothing to run")
+    variants = [v for v in order if v != "iperf3"]
+    b = Bench(a)
+    runners = {"ampccl": b.ampccl, "gloo": b.gloo, "impi": b.impi, "ompi": b.ompi,
+               "ompi-yield": lambda op, s: b.ompi(op, s, yield_when_idle=True)}
+    os.makedirs(a.out_dir, exist_ok=True)
+    # times[(op, v)][size] = [us per round]; ceil[name] = [GB/s per round]
+    times = {(op, v): {s: [] for s in sizes} for op in ops for v in variants}
+    wrong = {(op, v): {} for op in ops for v in variants}
+    ceil = {c: [] for c in CEILINGS}
+    raw = open(os.path.join(a.out_dir, "rounds.csv"), "w")
+    raw.write("round,op,variant,size,bytes,time_us,gbs,wrong\n")
+    probe = None if a.no_probe else HostProbe()
+    noisy = spells = redone = failures = 0
+    i = 0
+    while i < a.rounds:
+        if a.wait_quiet and builders():
+            print(f"round {i + 1}/{a.rounds}: builds running, waiting up to {a.wait_quiet} s", file=sys.stderr)
+        busy = wait_quiet(a.wait_quiet)
+        if probe and (t := probe.us()) > SPELL_US:
+            print(f"round {i + 1}/{a.rounds}: host probe {t:.1f} us (a slow spell), waiting up to "
+                  f"{a.wait_spell} s", file=sys.stderr)
+        before = probe.wait_normal(a.wait_spell) if probe else None
+        print(f"round {i + 1}/{a.rounds}: load {os.getloadavg()[0]:.2f}, builds running: {busy or 'none'}"
+              + (f", host probe {before:.1f} us" if probe else ""), file=sys.stderr)
+        got, got_ceil = {}, {}
+        for op in ops:
+            for v in order:
+                if v == "iperf3":
+                    if op != ops[0]:
+                        continue
+                    what = "iperf3"
+                else:
+                    what = f"{TITLES[v]} {op}"
+                t0 = time.time()
+                try:
+                    if v == "iperf3":
+                        got_ceil = b.iperf3()
+                    else:
+                        sz = [s for s in sizes if effective(op, s, a.hosts) > 0]
+                        got[(op, v)] = runners[v](op, sz)
+                    print(f"round {i + 1}/{a.rounds}: {what} ({time.time() - t0:.1f} s)", file=sys.stderr)
+                except Failed as e:
+                    failures += 1
+                    print(f"round {i + 1}/{a.rounds}: {what} FAILED: {e}", file=sys.stderr)
+        after = probe.us() if probe else None
+        if probe and max(before, after) > SPELL_US:
+            spells += 1
+            if redone < a.rounds:
+                redone += 1
+                print(f"round {i + 1}/{a.rounds}: host probe {before:.1f} / {after:.1f} us: "
+                      "a slow spell, round run again", file=sys.stderr)
+                continue
+        for (op, v), res in got.items():
+            for s, (t, w) in res.items():
+                times[(op, v)][s].append(t)
+                if w is not None:
+                    wrong[(op, v)][s] = wrong[(op, v)].get(s, 0) + w
+                raw.write(f"{i + 1},{op},{v},{s},{effective(op, s, a.hosts)},{t:.3f},,"
+                          f"{'' if w is None else w}\n")
+        for c, g in got_ceil.items():
+            ceil[c].append(g)
+            raw.write(f"{i + 1},iperf3,{c},,,,{g:.4f},\n")
+        raw.flush()
+        noisy += bool(busy or builders())
+        i += 1
+    raw.close()
+
+    def med(xs):
+        return statistics.median(xs) if xs else None
+
+    k = a.hosts
+    summary = open(os.path.join(a.out_dir, "compare_hosts.csv"), "w")
+    summary.write("op,hosts,variant,size,bytes,rounds,time_us,algbw_gbs,busbw_gbs,wrong\n")
+    c_med = {c: med(ceil[c]) for c in CEILINGS}
+    print(f"{k} hosts x 1 rank, f32, medians of {a.rounds} alternated rounds"
+          + (f", links shaped to {a.rate}" if a.rate else "")
+          + f"; time per call (us), algbw (GB/s = 1e9 B/s); builds ran during {noisy} round(s)"
+          + (f"; host in a slow spell around {spells} round(s), {redone} run again" if probe else "; host not probed")
+          + (f"; {failures} launch(es) failed (see stderr)" if failures else "") + "\n")
+    for op in ops:
+        m = {v: {s: med(times[(op, v)][s]) for s in sizes} for v in variants}
+        n_of = {v: {s: len(times[(op, v)][s]) for s in sizes} for v in variants}
+        for v in variants:
+            with open(os.path.join(a.out_dir, f"{op}-{NAMES[v]}.csv"), "w") as f:
+                f.write(HEADER + "\n")
+                redop = "none" if op in ("allgather", "broadcast") else "sum"
+                root = 0 if op == "broadcast" else -1
+                for s in sizes:
+                    t, nb = m[v][s], effective(op, s, k)
+                    w = wrong[(op, v)].get(s) if v not in ("impi",) else None
+                    alg = nb / t / 1e3 if t else None
+                    summary.write(f"{op},{k},{v},{s},{nb},{n_of[v][s]},{fmt(t, '.3f')},{fmt(alg, '.4f')},"
+                                  f"{fmt(alg and alg * BUS[op](k), '.4f')},{'' if w is None else w}\n"
+                                  .replace("—", ""))
+                    if t:
+                        f.write(f"{op},{k},{nb},{nb // 4},float,{redop},{root},{placement(op)},{t:.3f},"
+                                f"{alg:.4f},{alg * BUS[op](k):.4f},{w or 0}\n")
+        peers = [v for v in variants if v != "ampccl"]
+        head = ["size"]
+        for v in variants:
+            head += [f"{TITLES[v]} us", f"{TITLES[v]} GB/s"]
+        if "ampccl" in variants and peers:
+            head.append("best peer / ampccl")
+        if "ampccl" in variants and c_med["single"]:
+            head.append("ampccl / iperf3 1 stream")
+        print(f"### {op}, {k} hosts\n")
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---:|" * len(head))
+        for s in sizes:
+            nb = effective(op, s, k)
+            if nb == 0:
+                continue
+            cells = [str(s) if nb == s else f"{s} ({nb} B)"]
+            for v in variants:
+                t = m[v][s]
+                short = f" ({n_of[v][s]}/{a.rounds})" if t and n_of[v][s] < a.rounds else ""
+                cells += [fmt(t, ".2f") + short, fmt(t and nb / t / 1e3, ".3f")]
+            if "ampccl" in variants and peers:
+                best = [m[p][s] for p in peers if m[p][s]]
+                cells.append(f"{min(best) / m['ampccl'][s]:.2f}x" if best and m["ampccl"][s] else "—")
+            if "ampccl" in variants and c_med["single"]:
+                t = m["ampccl"][s]
+                cells.append(f"{nb / t / 1e3 / c_med['single']:.2f}" if t else "—")
+            print("| " + " | ".join(cells) + " |")
+        print()
+    summary.close()
+    if "iperf3" in order:
+        with open(os.path.join(a.out_dir, "ceilings.csv"), "w") as f:
+            f.write("variant,rounds,gbs\n")
+            for c in CEILINGS:
+                f.write(f"{c},{len(ceil[c])},{fmt(c_med[c], '.4f').replace('—', '')}\n")
+        print(f"### network ceiling (iperf3 -t {a.iperf3_time:g}, host 1 -> host 0 unless said), GB/s per direction\n")
+        print("| " + " | ".join(CEIL_TITLES[c] for c in CEILINGS) + " |")
+        print("|" + "---:|" * len(CEILINGS))
+        print("| " + " | ".join(fmt(c_med[c], ".3f") for c in CEILINGS) + " |")
+    bad = {f"{op} {v}": w for (op, v), w in wrong.items() if any(w.values())}
+    if bad:
+        print(f"\nWRONG RESULTS: {bad}")
+        sys.exit(1)
+    shutil.rmtree(b.tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
