@@ -382,6 +382,28 @@ fn tcp_allreduce_over_ipv6() {
         .run();
 }
 
+/// Several connections per pair (`AMPCCL_NSOCKS`), with stripes small enough that most
+/// rendezvous writes are cut over all of them: each immediate completes only with every stripe.
+#[test]
+fn tcp_allreduce_striped_w2() {
+    let env = [
+        ("AMPCCL_SHM_DISABLE", "1"),
+        ("AMPCCL_NSOCKS", "3"),
+        ("AMPCCL_TCP_STRIPE_MIN", "4K"),
+    ];
+    launch(2, "allreduce_mixed", &env);
+}
+
+#[test]
+fn tcp_allgather_striped_w3() {
+    let env = [
+        ("AMPCCL_SHM_DISABLE", "1"),
+        ("AMPCCL_NSOCKS", "4"),
+        ("AMPCCL_TCP_STRIPE_MIN", "4K"),
+    ];
+    launch(3, "allgather", &env);
+}
+
 #[test]
 fn tcp_allgather_w2_pair() {
     launch(

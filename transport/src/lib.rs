@@ -27,10 +27,11 @@ pub use ampccl_runtime::{Error, Result};
 
 use ampccl_runtime::param::Param;
 
-/// The transports' tuned parameters ([`Param`], docs/TUNING.md). None so far: the constants
-/// here are layout (the shared-memory segment's, a cache line of credit words), bounds that
-/// keep the bootstrap from deadlocking, or unmeasured choices of code that runs only at
-/// initialization; docs/TUNING.md ("Fixed constants") says why each stays fixed.
+/// The transports' parameters ([`Param`], docs/TUNING.md): the TCP provider's connections per
+/// pair and stripe size. The other constants here are layout (the shared-memory segment's, a
+/// cache line of credit words), bounds that keep the bootstrap from deadlocking, or choices of
+/// code that runs only at initialization; docs/TUNING.md ("Fixed constants") says why each
+/// stays fixed.
 pub fn params() -> Vec<&'static Param> {
-    Vec::new()
+    vec![&tcp::stripe::NSOCKS, &tcp::stripe::STRIPE_MIN]
 }

@@ -18,6 +18,7 @@ use rand::TryRngCore;
 use super::frame::{self, Header, Kind, MAX_TEXT};
 use super::peer::{Peer, PendingRead, Region, lock};
 use super::reader::{self, Inbox};
+use super::stripe::{self, NSOCKS, STRIPE_MIN};
 use crate::bootstrap::Bootstrap;
 use crate::device::{CTS_READ, CtsEntry, EagerHeader, IMM_ERROR, OpRecord, RmaDevice};
 use crate::transport::{OpFormatter, Transport, TransportConfig};
@@ -30,9 +31,9 @@ const OP_HISTORY: usize = 8;
 /// Bootstrap tags of the set-up exchanges.
 const TAG_SECRET: u64 = 0x5443_5000_0000_0001;
 const TAG_ADDRS: u64 = 0x5443_5000_0000_0002;
-/// The hello a connecting rank sends: magic, secret, rank, world.
-const HELLO_MAGIC: &[u8; 8] = b"AMPCTCP1";
-const HELLO_BYTES: usize = 32;
+/// The hello a connecting rank sends: magic, secret, rank, world, connection index.
+const HELLO_MAGIC: &[u8; 8] = b"AMPCTCP2";
+const HELLO_BYTES: usize = 36;
 /// How long an accepted connection may take to say hello, and how many may wait at once.
 const HELLO_WAIT: Duration = Duration::from_secs(2);
 const MAX_PENDING: usize = 64;
@@ -42,8 +43,11 @@ pub struct TcpDevice {
     depth: usize,
     /// Indexed by rank; `None` for this rank.
     peers: Vec<Option<Arc<Peer>>>,
-    /// The receiving half of each connection (same indexing).
-    inboxes: Vec<Option<Arc<Mutex<Inbox>>>>,
+    /// The receiving half of each connection to each peer (same indexing; connection 0
+    /// first).
+    inboxes: Vec<Vec<Arc<Mutex<Inbox>>>>,
+    /// Connections per peer.
+    nsocks: usize,
     bell: Doorbell,
     window: HostBuffer,
     failed: AtomicBool,
@@ -78,14 +82,27 @@ pub fn connect_to(
     let me = listener
         .local_addr()
         .map_err(|e| Error::system("tcp: local_addr", e))?;
-    let mut secret = [0u8; 16];
+    // Rank 0 draws the secret and says how many connections each pair holds.
+    let mut setup = [0u8; 20];
     if rank == 0 {
         rand::rngs::OsRng
-            .try_fill_bytes(&mut secret)
+            .try_fill_bytes(&mut setup[..16])
             .map_err(|e| Error::system("tcp: OS random number generator", e))?;
+        setup[16..].copy_from_slice(&(NSOCKS.get() as u32).to_le_bytes());
     }
-    let got = boot.broadcast(TAG_SECRET, 0, (rank == 0).then_some(&secret[..]))?;
-    secret.copy_from_slice(got.get(..16).ok_or_else(|| bad_setup("short secret"))?);
+    let got = boot.broadcast(TAG_SECRET, 0, (rank == 0).then_some(&setup[..]))?;
+    let got: &[u8; 20] = got
+        .get(..20)
+        .and_then(|g| g.try_into().ok())
+        .ok_or_else(|| bad_setup("short secret"))?;
+    let mut secret = [0u8; 16];
+    secret.copy_from_slice(&got[..16]);
+    let nsocks = u32::from_le_bytes(got[16..].try_into().expect("4 bytes")) as usize;
+    if !(NSOCKS.min as usize..=NSOCKS.max as usize).contains(&nsocks) {
+        return Err(bad_setup(&format!(
+            "rank 0 asks for {nsocks} connections per pair"
+        )));
+    }
     let mine = format!("{me}\n{}", hostname());
     let all = boot.allgather(TAG_ADDRS, mine.as_bytes())?;
     let mut addrs = Vec::with_capacity(world);
@@ -100,10 +117,20 @@ pub fn connect_to(
         let pid = boot.pids().get(r).copied().unwrap_or(0);
         descs.push(format!("rank {r} (pid {pid} on {host})"));
     }
-    let mut streams: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+    let mut streams: Vec<Vec<Option<TcpStream>>> = (0..world)
+        .map(|_| (0..nsocks).map(|_| None).collect())
+        .collect();
     for (peer, addr) in addrs.iter().enumerate().skip(rank + 1) {
         if wanted[peer] {
-            streams[peer] = Some(dial(*addr, &secret, rank, world, deadline, &descs[peer])?);
+            for (i, s) in streams[peer].iter_mut().enumerate() {
+                *s = Some(dial(
+                    *addr,
+                    &secret,
+                    (rank, world, i),
+                    deadline,
+                    &descs[peer],
+                )?);
+            }
         }
     }
     let expect: Vec<bool> = (0..world).map(|r| r < rank && wanted[r]).collect();
@@ -118,36 +145,55 @@ pub fn connect_to(
     let eager = EAGER_MAX;
     let mut peers = Vec::with_capacity(world);
     let mut inboxes = Vec::with_capacity(world);
-    for (r, s) in streams.into_iter().enumerate() {
-        let Some(s) = s else {
+    for (r, conns) in streams.into_iter().enumerate() {
+        let conns: Vec<TcpStream> = conns.into_iter().flatten().collect();
+        if conns.is_empty() {
             peers.push(None);
-            inboxes.push(None);
+            inboxes.push(Vec::new());
             continue;
-        };
-        s.set_nodelay(true)
-            .map_err(|e| Error::system("tcp: TCP_NODELAY", e))?;
-        let out = s.try_clone().map_err(|e| Error::system("tcp: clone", e))?;
-        let peer = Arc::new(Peer::new(out, cfg.fifo_depth, eager, descs[r].clone()));
-        let fd = s.as_raw_fd();
-        let inbox = Arc::new(Mutex::new(Inbox::new(
-            peer.clone(),
-            s,
+        }
+        let mut outs = Vec::with_capacity(nsocks);
+        for s in &conns {
+            s.set_nodelay(true)
+                .map_err(|e| Error::system("tcp: TCP_NODELAY", e))?;
+            outs.push(s.try_clone().map_err(|e| Error::system("tcp: clone", e))?);
+        }
+        let out = outs.remove(0);
+        let peer = Arc::new(Peer::new(
+            out,
+            outs,
             cfg.fifo_depth,
             eager,
-        )));
-        let (thread_inbox, thread_bell, thread_peer) = (inbox.clone(), bell.clone(), peer.clone());
-        std::thread::Builder::new()
-            .name(format!("ampccl-tcp-{r}"))
-            .spawn(move || reader::run(thread_inbox, fd, thread_bell, thread_peer))
-            .map_err(|e| Error::system("tcp: spawn a receiving thread", e))?;
-        inboxes.push(Some(inbox));
+            descs[r].clone(),
+        ));
+        let mut mine = Vec::with_capacity(nsocks);
+        for (i, s) in conns.into_iter().enumerate() {
+            let fd = s.as_raw_fd();
+            let inbox = Arc::new(Mutex::new(Inbox::new(
+                peer.clone(),
+                s,
+                (cfg.fifo_depth, eager, nsocks),
+            )));
+            let (thread_inbox, thread_bell, thread_peer) =
+                (inbox.clone(), bell.clone(), peer.clone());
+            std::thread::Builder::new()
+                .name(format!("ampccl-tcp-{r}.{i}"))
+                .spawn(move || reader::run(thread_inbox, fd, thread_bell, thread_peer))
+                .map_err(|e| Error::system("tcp: spawn a receiving thread", e))?;
+            mine.push(inbox);
+        }
+        inboxes.push(mine);
         peers.push(Some(peer));
     }
-    tracing::debug!("rank {rank}: tcp connected to {} peers", world - 1);
+    tracing::debug!(
+        "rank {rank}: tcp connected to {} peers, {nsocks} connection(s) each",
+        world - 1
+    );
     Ok(Arc::new(TcpDevice {
         depth: cfg.fifo_depth,
         peers,
         inboxes,
+        nsocks,
         bell,
         window: HostBuffer::zeroed(window),
         failed: AtomicBool::new(false),
@@ -163,15 +209,14 @@ pub fn connect_to(
 fn dial(
     addr: SocketAddr,
     secret: &[u8; 16],
-    rank: usize,
-    world: usize,
+    (rank, world, index): (usize, usize, usize),
     deadline: Instant,
     desc: &str,
 ) -> Result<TcpStream> {
     loop {
         match TcpStream::connect_timeout(&addr, Duration::from_secs(1)) {
             Ok(mut s) => {
-                s.write_all(&hello(secret, rank, world))
+                s.write_all(&hello(secret, rank, world, index))
                     .map_err(|e| Error::Remote(format!("tcp: hello to {desc}: {e}")))?;
                 return Ok(s);
             }
@@ -185,7 +230,7 @@ fn dial(
     }
 }
 
-/// Accepts the lower ranks' connections into `streams`: hellos are read from every pending
+/// Accepts the lower ranks' connections (every connection index) into `streams`: hellos are read from every pending
 /// connection at once, each within [`HELLO_WAIT`]; a connection without the right hello is
 /// dropped and costs nothing else.
 fn accept(
@@ -193,16 +238,16 @@ fn accept(
     secret: &[u8; 16],
     (rank, world, expect): (usize, usize, &[bool]),
     deadline: Instant,
-    streams: &mut [Option<TcpStream>],
+    streams: &mut [Vec<Option<TcpStream>>],
     descs: &[String],
 ) -> Result<()> {
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::system("tcp: nonblocking listener", e))?;
     let mut pending: Vec<(TcpStream, Vec<u8>, Instant)> = Vec::new();
-    let missing = |streams: &[Option<TcpStream>]| {
+    let missing = |streams: &[Vec<Option<TcpStream>>]| {
         (0..world)
-            .filter(|&r| expect[r] && streams[r].is_none())
+            .filter(|&r| expect[r] && streams[r].iter().any(Option::is_none))
             .collect::<Vec<_>>()
     };
     while !missing(streams).is_empty() {
@@ -242,12 +287,15 @@ fn accept(
             if buf.len() < HELLO_BYTES {
                 return now.duration_since(*since) < HELLO_WAIT;
             }
-            let Some(peer) = check_hello(buf, secret, rank, world).filter(|&p| expect[p]) else {
+            let nsocks = streams[0].len();
+            let Some((peer, i)) =
+                check_hello(buf, secret, rank, world).filter(|&(p, i)| expect[p] && i < nsocks)
+            else {
                 tracing::warn!("rank {rank}: tcp: dropped a connection with a wrong hello");
                 return false;
             };
-            if streams[peer].is_none() && s.set_nonblocking(false).is_ok() {
-                streams[peer] = s.try_clone().ok();
+            if streams[peer][i].is_none() && s.set_nonblocking(false).is_ok() {
+                streams[peer][i] = s.try_clone().ok();
             }
             false
         });
@@ -258,21 +306,23 @@ fn accept(
     Ok(())
 }
 
-fn hello(secret: &[u8; 16], rank: usize, world: usize) -> [u8; HELLO_BYTES] {
+fn hello(secret: &[u8; 16], rank: usize, world: usize, index: usize) -> [u8; HELLO_BYTES] {
     let mut h = [0u8; HELLO_BYTES];
     h[..8].copy_from_slice(HELLO_MAGIC);
     h[8..24].copy_from_slice(secret);
     h[24..28].copy_from_slice(&(rank as u32).to_le_bytes());
     h[28..32].copy_from_slice(&(world as u32).to_le_bytes());
+    h[32..36].copy_from_slice(&(index as u32).to_le_bytes());
     h
 }
 
-/// The rank a hello names, if it is ours (magic, secret, world) and from a lower rank.
-fn check_hello(h: &[u8], secret: &[u8; 16], rank: usize, world: usize) -> Option<usize> {
+/// The rank and connection index a hello names, if it is ours (magic, secret, world) and
+/// from a lower rank.
+fn check_hello(h: &[u8], secret: &[u8; 16], rank: usize, world: usize) -> Option<(usize, usize)> {
     let u32_at = |i: usize| u32::from_le_bytes(h[i..i + 4].try_into().expect("4 bytes"));
     let ok = &h[..8] == HELLO_MAGIC && &h[8..24] == secret && u32_at(28) as usize == world;
     let peer = u32_at(24) as usize;
-    (ok && peer < rank).then_some(peer)
+    (ok && peer < rank).then_some((peer, u32_at(32) as usize))
 }
 
 fn hostname() -> String {
@@ -305,8 +355,10 @@ impl TcpDevice {
     fn polled(&self, peer: usize) -> &Peer {
         let p = self.peer(peer);
         p.mark_polled();
-        if let Some(Ok(mut inbox)) = self.inboxes[peer].as_deref().map(Mutex::try_lock) {
-            inbox.progress();
+        for inbox in &self.inboxes[peer] {
+            if let Ok(mut inbox) = inbox.try_lock() {
+                inbox.progress();
+            }
         }
         p
     }
@@ -373,11 +425,30 @@ impl RmaDevice for TcpDevice {
         if len == 0 {
             return Ok(());
         }
-        let mut h = Header::new(Kind::Write);
-        (h.slot, h.addr, h.len) = (key, addr, len as u64);
         // SAFETY: `src` is valid for `len` reads by contract.
         let payload = unsafe { std::slice::from_raw_parts(src, len) };
-        self.peer(peer).send(&h, payload)
+        let parts = stripe::stripes(len, self.nsocks, STRIPE_MIN.bytes());
+        let frame = |&(off, l): &(usize, usize)| {
+            let mut h = Header::new(Kind::Write);
+            (h.slot, h.addr, h.len) = (key, addr + off as u64, l as u64);
+            h
+        };
+        let p = self.peer(peer);
+        if parts.len() == 1 {
+            return p.send(&frame(&parts[0]), payload);
+        }
+        let heads: Vec<_> = parts.iter().map(|s| frame(s).encode()).collect();
+        let payloads: Vec<&[u8]> = parts.iter().map(|&(o, l)| &payload[o..o + l]).collect();
+        // The slot's immediate must follow these stripes on their connections too.
+        let used = (1u32 << (parts.len() - 1)) - 1;
+        let Some(mask) = p.striped.get(key as usize) else {
+            return Err(Error::Remote(format!(
+                "{}: its clear-to-send names the key {key} (slots: {})",
+                p.desc, self.depth
+            )));
+        };
+        mask.fetch_or(used, Ordering::Relaxed);
+        p.send_striped(&heads, &payloads)
     }
 
     unsafe fn read(
@@ -437,9 +508,16 @@ impl RmaDevice for TcpDevice {
     }
 
     fn write_imm(&self, peer: usize, slot: usize, imm: u32, len: u64) -> Result<()> {
+        let p = self.peer(peer);
+        // One copy on connection 0 and on every connection that carried a stripe of this
+        // transfer; each says how many copies complete it (see `super::stripe`).
+        let used = p.striped[slot].swap(0, Ordering::Relaxed);
         let mut h = Header::new(Kind::Imm);
-        (h.slot, h.a, h.len) = (slot as u32, imm, len);
-        self.peer(peer).send(&h, &[])
+        (h.slot, h.a, h.b, h.len) = (slot as u32, imm, used.count_ones() + 1, len);
+        for i in (0..p.stripes.len()).filter(|i| used & (1 << i) != 0) {
+            p.send_on_stripe(i + 1, &h)?;
+        }
+        p.send(&h, &[])
     }
 
     fn poll_imm(&self, peer: usize, slot: usize, want: u32) -> Option<(u32, u64)> {

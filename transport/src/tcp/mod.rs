@@ -19,6 +19,9 @@
 //! violation. So the provider accepts any local memory (`exposes_user_memory`): receives land
 //! in user buffers without a bounce.
 //!
+//! With `AMPCCL_NSOCKS` > 1, each pair of ranks holds several connections and large writes are
+//! striped over them ([`stripe`]).
+//!
 //! Connections are set up through the bootstrap ([`connect`]): each rank listens on the
 //! address its bootstrap listens on, the lower rank of each pair connects, and a hello with a
 //! secret the ranks share through the bootstrap (drawn by rank 0) keeps strangers out; hellos
@@ -29,5 +32,6 @@ mod device;
 mod frame;
 mod peer;
 mod reader;
+pub mod stripe;
 
 pub use device::{TcpDevice, connect, connect_to};

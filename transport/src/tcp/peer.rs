@@ -168,7 +168,15 @@ pub(super) struct Outbox {
 
 /// Everything about one peer.
 pub(super) struct Peer {
+    /// Connection 0: every frame.
     pub out: Mutex<Outbox>,
+    /// Connections 1..: stripes of large writes and their immediates ([`super::stripe`]).
+    pub stripes: Box<[Mutex<TcpStream>]>,
+    /// Per slot, which of `stripes` carried a stripe since that slot's last immediate (bit i:
+    /// connection i + 1).
+    pub striped: Box<[AtomicU32]>,
+    /// Per completion slot, copies of a striped immediate received so far.
+    pub imm_parts: Box<[AtomicU32]>,
     /// Whether `out` holds deferred frames (read without its lock by [`Peer::flush`]).
     has_deferred: AtomicBool,
     pub cts: Box<[CtsCell]>,
@@ -195,8 +203,18 @@ pub(super) struct Peer {
 }
 
 impl Peer {
-    pub fn new(out: TcpStream, depth: usize, eager_max: usize, desc: String) -> Peer {
+    /// A peer reached over `out` (connection 0) and `stripes` (connections 1..).
+    pub fn new(
+        out: TcpStream,
+        stripes: Vec<TcpStream>,
+        depth: usize,
+        eager_max: usize,
+        desc: String,
+    ) -> Peer {
         Peer {
+            stripes: stripes.into_iter().map(Mutex::new).collect(),
+            striped: (0..depth).map(|_| AtomicU32::new(0)).collect(),
+            imm_parts: (0..depth).map(|_| AtomicU32::new(0)).collect(),
             out: Mutex::new(Outbox {
                 stream: out,
                 deferred: Vec::with_capacity(DEFER_MAX + 2 * HEADER),
@@ -275,11 +293,57 @@ impl Peer {
         }
     }
 
-    /// Sends the deferred frames and ends our sending side (the peer reads to the end).
+    /// Sends the deferred frames and ends our sending side of every connection (the peer
+    /// reads to the end).
     pub fn close(&self) {
         let mut out = lock(&self.out);
         Self::send_deferred(&mut out);
         let _ = out.stream.shutdown(std::net::Shutdown::Write);
+        for s in self.stripes.iter() {
+            let _ = lock(s).shutdown(std::net::Shutdown::Write);
+        }
+    }
+
+    /// Sends the write frames `heads[i]` with `payloads[i]`, the first on connection 0 (after
+    /// the deferred frames), the others on connections 1.., all at once.
+    pub fn send_striped(&self, heads: &[[u8; HEADER]], payloads: &[&[u8]]) -> Result<()> {
+        let mut out = lock(&self.out);
+        let stripes: Vec<_> = self.stripes[..heads.len() - 1].iter().map(lock).collect();
+        let mut jobs = Vec::with_capacity(heads.len());
+        jobs.push(super::stripe::Job::new(
+            out.stream.as_raw_fd(),
+            [
+                IoSlice::new(&out.deferred),
+                IoSlice::new(&heads[0]),
+                IoSlice::new(payloads[0]),
+            ],
+        ));
+        for (i, s) in stripes.iter().enumerate() {
+            jobs.push(super::stripe::Job::new(
+                s.as_raw_fd(),
+                [
+                    IoSlice::new(&[]),
+                    IoSlice::new(&heads[i + 1]),
+                    IoSlice::new(payloads[i + 1]),
+                ],
+            ));
+        }
+        let sent = super::stripe::send_parallel(&mut jobs);
+        drop(jobs);
+        out.deferred.clear();
+        self.has_deferred.store(false, Ordering::Relaxed);
+        sent.map_err(|e| {
+            Error::Remote(format!("{}: connection lost while sending: {e}", self.desc))
+        })
+    }
+
+    /// Sends `h` on stripe connection `i` (1-based), for the immediates of striped writes.
+    pub fn send_on_stripe(&self, i: usize, h: &Header) -> Result<()> {
+        let s = lock(&self.stripes[i - 1]);
+        let head = h.encode();
+        send_all(s.as_raw_fd(), &mut [IoSlice::new(&head)]).map_err(|e| {
+            Error::Remote(format!("{}: connection lost while sending: {e}", self.desc))
+        })
     }
 
     /// Records that the engine polls this peer now.
@@ -325,27 +389,13 @@ impl Peer {
     }
 }
 
-/// Writes every buffer of `bufs` to the socket `fd` whole, as few `sendmsg` calls as the
-/// socket allows (`MSG_NOSIGNAL`: a closed peer is an error, not a `SIGPIPE` that kills a C
-/// host program).
+/// Writes every buffer of `bufs` to the (blocking) socket `fd` whole, in as few `sendmsg`
+/// calls as the socket allows.
 fn send_all(fd: i32, mut bufs: &mut [IoSlice<'_>]) -> std::io::Result<()> {
     IoSlice::advance_slices(&mut bufs, 0);
     while !bufs.is_empty() {
-        // SAFETY: `msghdr` is plain data, all zeros an empty message without an address.
-        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-        msg.msg_iov = bufs.as_mut_ptr().cast();
-        msg.msg_iovlen = bufs.len().min(libc::UIO_MAXIOV as usize) as _;
-        // SAFETY: `msg` names `msg_iovlen` live `IoSlice`s, which are ABI-compatible with
-        // `iovec`; `sendmsg` only reads them and the bytes they point to.
-        let n = unsafe { libc::sendmsg(fd, &msg, libc::MSG_NOSIGNAL) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() == std::io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        IoSlice::advance_slices(&mut bufs, n as usize);
+        let n = super::stripe::sendmsg(fd, bufs, 0)?.unwrap_or(0);
+        IoSlice::advance_slices(&mut bufs, n);
     }
     Ok(())
 }

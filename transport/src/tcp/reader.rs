@@ -39,6 +39,8 @@ pub(super) struct Inbox {
     stream: TcpStream,
     depth: usize,
     eager_max: usize,
+    /// Connections per peer: the most copies a striped immediate may have.
+    nsocks: usize,
     /// Why the stream can no longer be read (a bad frame or the end of the stream).
     broken: Option<String>,
     /// Received bytes not applied yet: `buf[start..end]`.
@@ -129,13 +131,20 @@ fn recv_some(fd: RawFd, dst: &mut [u8]) -> std::io::Result<Option<usize>> {
 }
 
 impl Inbox {
-    pub fn new(peer: Arc<Peer>, stream: TcpStream, depth: usize, eager_max: usize) -> Inbox {
+    /// The inbox of one of `peer`'s connections, for `depth` slots, eager messages of up to
+    /// `eager_max` bytes and `nsocks` connections per peer.
+    pub fn new(
+        peer: Arc<Peer>,
+        stream: TcpStream,
+        (depth, eager_max, nsocks): (usize, usize, usize),
+    ) -> Inbox {
         assert!(HEADER + eager_max.max(MAX_TEXT as usize).max(CTS_BYTES) <= RX_BUF);
         Inbox {
             peer,
             stream,
             depth,
             eager_max,
+            nsocks,
             broken: None,
             buf: vec![0u8; RX_BUF].into_boxed_slice(),
             start: 0,
@@ -296,6 +305,17 @@ impl Inbox {
                 }
             }
             Kind::Imm => {
+                // A striped transfer's immediate comes once per connection that carried a
+                // stripe; the last copy publishes it (see `super::stripe`).
+                let copies = h.b.max(1);
+                if copies as usize > self.nsocks {
+                    return Err(bad(format!("an immediate in {copies} copies")));
+                }
+                let parts = &peer.imm_parts[slot];
+                if parts.fetch_add(1, Ordering::AcqRel) + 1 < copies {
+                    return Ok(());
+                }
+                parts.store(0, Ordering::Relaxed);
                 lock(&peer.regions)[slot].open = false;
                 let (imm, len) = &peer.imm[slot];
                 len.store(h.len, Ordering::Relaxed);
@@ -387,8 +407,9 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (rx, _) = l.accept().unwrap();
-        let peer = Arc::new(Peer::new(rx.try_clone().unwrap(), 4, 64, "rank 1".into()));
-        (tx, Inbox::new(peer.clone(), rx, 4, 64), peer)
+        let out = rx.try_clone().unwrap();
+        let peer = Arc::new(Peer::new(out, Vec::new(), 4, 64, "rank 1".into()));
+        (tx, Inbox::new(peer.clone(), rx, (4, 64, 1)), peer)
     }
 
     /// Applies until `done` or a second passes.
@@ -456,6 +477,29 @@ mod tests {
         );
         assert_eq!(peer.imm[2].1.load(Ordering::Relaxed), target.len() as u64);
         assert!(!lock(&peer.regions)[2].open);
+    }
+
+    /// A striped immediate publishes with its last copy; more copies than connections is a
+    /// protocol violation.
+    #[test]
+    fn striped_immediates_publish_with_the_last_copy() {
+        let (mut tx, mut inbox, peer) = pair();
+        inbox.nsocks = 2;
+        let mut imm = Header::new(Kind::Imm);
+        (imm.slot, imm.a, imm.b, imm.len) = (1, 5, 2, 9);
+        tx.write_all(&imm.encode()).unwrap();
+        pump(&mut inbox, |_| {
+            peer.imm_parts[1].load(Ordering::Acquire) == 1
+        });
+        assert_eq!(peer.imm[1].0.load(Ordering::Acquire), 0, "one copy of two");
+        tx.write_all(&imm.encode()).unwrap();
+        pump(&mut inbox, |_| peer.imm[1].0.load(Ordering::Acquire) == 5);
+        assert_eq!(peer.imm_parts[1].load(Ordering::Acquire), 0);
+        imm.b = 3;
+        tx.write_all(&imm.encode()).unwrap();
+        pump(&mut inbox, |i| i.broken.is_some());
+        let e = peer.health().unwrap_err().to_string();
+        assert!(e.contains("an immediate in 3 copies"), "{e}");
     }
 
     /// The end of the stream in the middle of a frame is a lost connection naming it.
