@@ -80,7 +80,7 @@ ceilings. Files in --out-dir:
                       wrong (the iperf3 rows have op iperf3 and only gbs)
   OP-VARIANT.csv      the medians in ampccl-perf's CSV format, for `ampccl-perf plot`
 """
-import argparse, csv, io, os, re, shutil, signal, statistics, subprocess, sys, tempfile, time
+import argparse, atexit, csv, io, os, re, shutil, signal, statistics, subprocess, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -154,6 +154,7 @@ class Bench:
         self.a, self.k = a, a.hosts
         self.cpus = sorted(os.sched_getaffinity(0))
         self.tmp = tempfile.mkdtemp(prefix="ampccl-cmp-hosts-")
+        atexit.register(shutil.rmtree, self.tmp, ignore_errors=True)
         self.base = [hosts_exe()] + (["--rate", a.rate] if a.rate else [])
 
     def hosts(self, program):
@@ -462,7 +463,6 @@ def main():
     if bad:
         print(f"\nWRONG RESULTS: {bad}")
         sys.exit(1)
-    shutil.rmtree(b.tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
