@@ -4,7 +4,10 @@
 //! (`=eth0`, `^=eth0`).
 //!
 //! Without it a rank listens on the interface that routes to the rendezvous root, which the
-//! other ranks reach the same way.
+//! other ranks reach the same way; and a unique id's root, which has no root to route to,
+//! listens on [`default_address`]: as NCCL, the first InfiniBand interface, else the first
+//! other one that is neither loopback nor a container bridge, loopback only when nothing
+//! else is up (so an id made on one host works on every host that can reach it).
 
 use std::net::IpAddr;
 
@@ -83,6 +86,28 @@ impl IfaceFilter {
     }
 }
 
+/// The address a unique id's root listens on without `AMPCCL_SOCKET_IFNAME` (see the module
+/// documentation): among `ifaces`, `ib*` interfaces first, then any but `lo*`, `docker*` and
+/// `virbr*`; IPv4 before IPv6; IPv6 link-local addresses (which need a scope) never;
+/// loopback when nothing else qualifies.
+pub fn default_address(ifaces: &[(String, IpAddr)]) -> IpAddr {
+    let usable = |(name, ip): &&(String, IpAddr)| {
+        let link_local = matches!(ip, IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80);
+        !ip.is_loopback()
+            && !link_local
+            && !["lo", "docker", "virbr"]
+                .iter()
+                .any(|p| name.starts_with(p))
+    };
+    let rank = |(name, ip): &&(String, IpAddr)| (!name.starts_with("ib"), !ip.is_ipv4());
+    ifaces
+        .iter()
+        .filter(usable)
+        .min_by_key(rank)
+        .map(|(_, ip)| *ip)
+        .unwrap_or(IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))
+}
+
 /// The filter `AMPCCL_SOCKET_IFNAME` sets, if any.
 pub fn from_env() -> Result<Option<IfaceFilter>> {
     match std::env::var(VAR) {
@@ -91,7 +116,8 @@ pub fn from_env() -> Result<Option<IfaceFilter>> {
     }
 }
 
-/// Every (interface name, address) of this host's network namespace, IPv4 and IPv6.
+/// Every (interface name, address) of this host's network namespace whose interface is up,
+/// IPv4 and IPv6.
 pub fn interfaces() -> Result<Vec<(String, IpAddr)>> {
     let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: `getifaddrs` fills `list` with a linked list we free below.
@@ -104,7 +130,8 @@ pub fn interfaces() -> Result<Vec<(String, IpAddr)>> {
         // SAFETY: `cur` is a node of the list `getifaddrs` returned, not freed yet.
         let ifa = unsafe { &*cur };
         cur = ifa.ifa_next;
-        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+        let up = (libc::IFF_UP | libc::IFF_RUNNING) as u32;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() || ifa.ifa_flags & up != up {
             continue;
         }
         // SAFETY: a non-null `ifa_name` is a NUL-terminated string of the list.
@@ -172,6 +199,27 @@ mod tests {
             ip("fe80::1")
         );
         assert!(IfaceFilter::parse(" ^ ").is_err() && IfaceFilter::parse("").is_err());
+    }
+
+    #[test]
+    fn a_unique_ids_root_prefers_infiniband_then_any_but_loopback_and_bridges() {
+        let ip = |s: &str| -> IpAddr { s.parse().unwrap() };
+        assert_eq!(default_address(&ifaces()), ip("192.168.7.2"));
+        let no_ib: Vec<_> = ifaces().into_iter().filter(|(n, _)| n != "ib0").collect();
+        assert_eq!(default_address(&no_ib), ip("10.0.0.5"), "first, IPv4");
+        let only = |list: &[(&str, &str)]| -> Vec<(String, IpAddr)> {
+            list.iter().map(|(n, a)| (n.to_string(), ip(a))).collect()
+        };
+        assert_eq!(
+            default_address(&only(&[("eth0", "fe80::1"), ("eth0", "2001:db8::5")])),
+            ip("2001:db8::5"),
+            "no link-local"
+        );
+        assert_eq!(
+            default_address(&only(&[("lo", "127.0.0.1"), ("docker0", "172.17.0.1")])),
+            ip("127.0.0.1"),
+            "loopback when nothing else"
+        );
     }
 
     #[test]

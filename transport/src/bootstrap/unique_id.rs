@@ -78,11 +78,14 @@ impl UniqueId {
     pub fn generate() -> Result<UniqueId> {
         let lookup = |k: &str| std::env::var(k).ok();
         let mut bind = super::env::bootstrap_addr_from(&lookup)?;
-        // Without an explicit address, `AMPCCL_SOCKET_IFNAME` chooses the root's interface.
-        if lookup("AMPCCL_BOOTSTRAP_ADDR").is_none()
-            && let Some(f) = super::ifname::from_env()?
-        {
-            bind.set_ip(f.pick(&super::ifname::interfaces()?)?);
+        // Without an explicit address, `AMPCCL_SOCKET_IFNAME` chooses the root's interface,
+        // else the default interface (never loopback where another one is up).
+        if lookup("AMPCCL_BOOTSTRAP_ADDR").is_none() {
+            let ifaces = super::ifname::interfaces()?;
+            bind.set_ip(match super::ifname::from_env()? {
+                Some(f) => f.pick(&ifaces)?,
+                None => super::ifname::default_address(&ifaces),
+            });
         }
         let timeout = super::env::timeout_from(&lookup)?;
         Ok(UniqueId::generate_with(bind, timeout)?.0)
