@@ -145,6 +145,7 @@ pub fn connect_to(
     let eager = EAGER_MAX;
     let mut peers = Vec::with_capacity(world);
     let mut inboxes = Vec::with_capacity(world);
+    let mut watched = Vec::new();
     for (r, conns) in streams.into_iter().enumerate() {
         let conns: Vec<TcpStream> = conns.into_iter().flatten().collect();
         if conns.is_empty() {
@@ -167,23 +168,25 @@ pub fn connect_to(
             descs[r].clone(),
         ));
         let mut mine = Vec::with_capacity(nsocks);
-        for (i, s) in conns.into_iter().enumerate() {
+        for s in conns {
             let fd = s.as_raw_fd();
             let inbox = Arc::new(Mutex::new(Inbox::new(
                 peer.clone(),
                 s,
                 (cfg.fifo_depth, eager, nsocks),
             )));
-            let (thread_inbox, thread_bell, thread_peer) =
-                (inbox.clone(), bell.clone(), peer.clone());
-            std::thread::Builder::new()
-                .name(format!("ampccl-tcp-{r}.{i}"))
-                .spawn(move || reader::run(thread_inbox, fd, thread_bell, thread_peer))
-                .map_err(|e| Error::system("tcp: spawn a receiving thread", e))?;
+            watched.push((fd, inbox.clone()));
             mine.push(inbox);
         }
         inboxes.push(mine);
         peers.push(Some(peer));
+    }
+    if !watched.is_empty() {
+        let thread_bell = bell.clone();
+        std::thread::Builder::new()
+            .name("ampccl-tcp-rx".into())
+            .spawn(move || reader::run(watched, thread_bell))
+            .map_err(|e| Error::system("tcp: spawn the receiving thread", e))?;
     }
     tracing::debug!(
         "rank {rank}: tcp connected to {} peers, {nsocks} connection(s) each",

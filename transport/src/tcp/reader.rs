@@ -1,10 +1,10 @@
 //! The receiving side of one peer's connection: an [`Inbox`] that applies the peer's frames
 //! to its state ([`super::peer`]), from two places. The engine, while it polls the device,
 //! applies whatever has arrived ([`Inbox::progress`]): no thread hand-off between a message's
-//! arrival and the wait that needs it. A receiving thread per connection ([`run`]) blocks in
-//! `poll` while nothing arrives (no core burnt while idle) and applies what arrives while no
-//! engine polls; it rings the engine's doorbell after each frame. The inbox's lock keeps the
-//! two from reading the socket at once.
+//! arrival and the wait that needs it. One receiving thread per device ([`run`]) blocks in
+//! `epoll_wait` on all its connections while nothing arrives (no core burnt while idle) and
+//! applies what arrives while no engine polls; it rings the engine's doorbell after each frame.
+//! The inbox's lock keeps the two from reading a socket at once.
 //!
 //! Both read the socket without blocking, in as few `recv` calls as possible: headers and
 //! small payloads go through a receive buffer (one `recv` takes every frame that is there),
@@ -71,43 +71,113 @@ enum Step {
 /// less than this long ago.
 const ENGINE_GRACE: std::time::Duration = std::time::Duration::from_micros(200);
 
-/// The receiving thread of `inbox`'s connection (socket `fd`): runs until the connection ends
-/// and records why.
-pub(super) fn run(inbox: Arc<Mutex<Inbox>>, fd: RawFd, bell: Doorbell, peer: Arc<Peer>) {
-    let why = loop {
-        if let Err(e) = wait_readable(fd) {
-            break format!("connection lost: {e}");
-        }
-        // While the engine polls this peer it applies what arrives itself; taking the inbox
-        // now would only make it wait (and cost a core on a small host).
-        if peer.polled_recently() {
-            std::thread::sleep(ENGINE_GRACE);
-            continue;
-        }
-        if let Err(why) = lock(&inbox).drain(&bell) {
-            break why;
+/// The receiving thread of one device: blocks in `epoll_wait` on every connection in
+/// `conns` (their sockets and inboxes), applies what arrives where no engine polls, rings
+/// `bell` after each frame; a connection that ends or breaks is recorded (its peer is dead)
+/// and dropped from the set. Returns when no connection is left.
+pub(super) fn run(conns: Vec<(RawFd, Arc<Mutex<Inbox>>)>, bell: Doorbell) {
+    let epoll = match Epoll::new(&conns) {
+        Ok(e) => e,
+        Err(e) => {
+            for (_, inbox) in &conns {
+                lock(inbox).break_with(Error::system("tcp: epoll", &e));
+            }
+            bell.ring();
+            return;
         }
     };
-    peer.set_dead(why);
-    bell.ring();
+    let mut live = conns.len();
+    let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; conns.len().min(256)];
+    while live > 0 {
+        let ready = match epoll.wait(&mut events) {
+            Ok(n) => n,
+            Err(e) => {
+                for (_, inbox) in &conns {
+                    lock(inbox).break_with(Error::Remote(format!("tcp: epoll_wait: {e}")));
+                }
+                bell.ring();
+                return;
+            }
+        };
+        let mut left_to_engine = false;
+        for ev in &events[..ready] {
+            let (fd, inbox) = &conns[ev.u64 as usize];
+            let mut inbox = lock(inbox);
+            // While the engine polls this peer it applies what arrives itself; taking the
+            // socket now would only make it wait (and cost a core on a small host).
+            if inbox.broken.is_none() && inbox.peer.polled_recently() {
+                left_to_engine = true;
+                continue;
+            }
+            if inbox.drain(&bell).is_err() {
+                epoll.remove(*fd);
+                live -= 1;
+                bell.ring();
+            }
+        }
+        if left_to_engine {
+            // Level-triggered: the socket stays ready; look again after the grace period.
+            std::thread::sleep(ENGINE_GRACE);
+        }
+    }
 }
 
-/// Blocks until `fd` has something to read (data, the end of the stream, or an error).
-fn wait_readable(fd: RawFd) -> std::io::Result<()> {
-    let mut p = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    loop {
-        // SAFETY: `p` is one valid pollfd for the call.
-        let n = unsafe { libc::poll(&mut p, 1, -1) };
-        if n >= 0 {
-            return Ok(());
+/// An epoll instance over a device's sockets (each registered with its index in the set).
+struct Epoll(std::os::fd::OwnedFd);
+
+impl Epoll {
+    fn new(conns: &[(RawFd, Arc<Mutex<Inbox>>)]) -> std::io::Result<Epoll> {
+        // SAFETY: plain system call; the result is checked.
+        let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
         }
-        let e = std::io::Error::last_os_error();
-        if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(e);
+        // SAFETY: `fd` is a new descriptor nothing else owns.
+        let e = Epoll(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) });
+        for (i, (sock, _)) in conns.iter().enumerate() {
+            let mut ev = libc::epoll_event {
+                events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
+                u64: i as u64,
+            };
+            // SAFETY: `ev` is a valid event for the call; `sock` is an open socket.
+            if unsafe { libc::epoll_ctl(fd, libc::EPOLL_CTL_ADD, *sock, &mut ev) } < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(e)
+    }
+
+    /// Waits for ready sockets; returns how many of `events` were filled.
+    fn wait(&self, events: &mut [libc::epoll_event]) -> std::io::Result<usize> {
+        loop {
+            // SAFETY: `events` is valid for `events.len()` entries.
+            let n = unsafe {
+                libc::epoll_wait(
+                    self.0.as_raw_fd(),
+                    events.as_mut_ptr(),
+                    events.len() as i32,
+                    -1,
+                )
+            };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    fn remove(&self, sock: RawFd) {
+        // SAFETY: plain system call on our epoll descriptor (a null event is allowed for DEL).
+        unsafe {
+            libc::epoll_ctl(
+                self.0.as_raw_fd(),
+                libc::EPOLL_CTL_DEL,
+                sock,
+                std::ptr::null_mut(),
+            );
         }
     }
 }
