@@ -272,6 +272,9 @@ impl Transport for MixedDevice {
     fn flush(&self) {
         Transport::flush(&*self.tcp);
     }
+    fn holds_frames_back(&self) -> bool {
+        true
+    }
     fn mark_failed(&self, msg: &str) {
         Transport::mark_failed(&*self.shm, msg);
         Transport::mark_failed(&*self.tcp, msg);

@@ -47,6 +47,10 @@ pub trait Transport: RmaDevice {
     /// Sends what the provider holds back to coalesce small frames; the engine calls it when
     /// it finds nothing to do (providers that hold nothing back ignore it).
     fn flush(&self) {}
+    /// Whether the provider holds frames back (and needs [`Transport::flush`] at all).
+    fn holds_frames_back(&self) -> bool {
+        false
+    }
 }
 
 /// What a communicator asks of its transport.

@@ -128,12 +128,14 @@ impl Communicator {
         let engine = Engine::new(transport.doorbell(), config.timeout);
         // The transport's coalesced small frames go out whenever the engine has nothing to do.
         // (A weak reference: the communicator, not its engine, owns the transport.)
-        let flushed = Arc::downgrade(&transport);
-        engine.set_idle_hook(Box::new(move || {
-            if let Some(t) = flushed.upgrade() {
-                t.flush();
-            }
-        }));
+        if transport.holds_frames_back() {
+            let flushed = Arc::downgrade(&transport);
+            engine.set_idle_hook(Box::new(move || {
+                if let Some(t) = flushed.upgrade() {
+                    t.flush();
+                }
+            }));
+        }
         // Spinning only pays when every local rank has a core of its own: otherwise a spinning
         // rank delays the peer that shares its core.
         let topology = boot.topology();

@@ -651,6 +651,9 @@ impl Transport for TcpDevice {
     fn set_op_formatter(&self, f: OpFormatter) {
         let _ = self.op_formatter.set(f);
     }
+    fn holds_frames_back(&self) -> bool {
+        true
+    }
     fn flush(&self) {
         // A frame deferred after the swap sets the flag again; one deferred before it is
         // found under its peer's lock.
