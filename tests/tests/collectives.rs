@@ -394,6 +394,23 @@ fn tcp_allreduce_striped_w2() {
     launch(2, "allreduce_mixed", &env);
 }
 
+/// The io_uring send path (zero-copy sends for large payloads), also with stripes.
+#[test]
+fn tcp_allreduce_uring_w2() {
+    launch(
+        2,
+        "allreduce_mixed",
+        &[("AMPCCL_SHM_DISABLE", "1"), ("AMPCCL_TCP_IO", "uring")],
+    );
+    let env = [
+        ("AMPCCL_SHM_DISABLE", "1"),
+        ("AMPCCL_TCP_IO", "uring"),
+        ("AMPCCL_NSOCKS", "2"),
+        ("AMPCCL_TCP_STRIPE_MIN", "64K"),
+    ];
+    launch(2, "allgather", &env);
+}
+
 #[test]
 fn tcp_allgather_striped_w3() {
     let env = [

@@ -146,6 +146,7 @@ pub fn connect_to(
     let mut peers = Vec::with_capacity(world);
     let mut inboxes = Vec::with_capacity(world);
     let mut watched = Vec::new();
+    let path = Arc::new(stripe::SendPath::from_env()?);
     for (r, conns) in streams.into_iter().enumerate() {
         let conns: Vec<TcpStream> = conns.into_iter().flatten().collect();
         if conns.is_empty() {
@@ -161,8 +162,8 @@ pub fn connect_to(
         }
         let out = outs.remove(0);
         let peer = Arc::new(Peer::new(
-            out,
-            outs,
+            (out, outs),
+            path.clone(),
             cfg.fifo_depth,
             eager,
             descs[r].clone(),
@@ -189,8 +190,9 @@ pub fn connect_to(
             .map_err(|e| Error::system("tcp: spawn the receiving thread", e))?;
     }
     tracing::debug!(
-        "rank {rank}: tcp connected to {} peers, {nsocks} connection(s) each",
-        world - 1
+        "rank {rank}: tcp connected to {} peers, {nsocks} connection(s) each, sending with {}",
+        world - 1,
+        path.name()
     );
     Ok(Arc::new(TcpDevice {
         depth: cfg.fifo_depth,

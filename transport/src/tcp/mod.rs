@@ -33,5 +33,7 @@ mod frame;
 mod peer;
 mod reader;
 pub mod stripe;
+#[cfg(feature = "io-uring")]
+mod uring;
 
 pub use device::{TcpDevice, connect, connect_to};

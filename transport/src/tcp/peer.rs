@@ -26,6 +26,7 @@ use std::sync::{Condvar, Mutex};
 use ampccl_runtime::{Error, Result};
 
 use super::frame::{HEADER, Header};
+use super::stripe::{Job, SendPath};
 use crate::device::{CtsEntry, EagerHeader};
 
 /// One eager slot: the inbox fills it while it is empty ([`EagerSlot::put`]), the protocol
@@ -170,6 +171,8 @@ pub(super) struct Outbox {
 pub(super) struct Peer {
     /// Connection 0: every frame.
     pub out: Mutex<Outbox>,
+    /// How frames leave (shared by the device's peers).
+    path: std::sync::Arc<SendPath>,
     /// Connections 1..: stripes of large writes and their immediates ([`super::stripe`]).
     pub stripes: Box<[Mutex<TcpStream>]>,
     /// Per slot, which of `stripes` carried a stripe since that slot's last immediate (bit i:
@@ -205,13 +208,14 @@ pub(super) struct Peer {
 impl Peer {
     /// A peer reached over `out` (connection 0) and `stripes` (connections 1..).
     pub fn new(
-        out: TcpStream,
-        stripes: Vec<TcpStream>,
+        (out, stripes): (TcpStream, Vec<TcpStream>),
+        path: std::sync::Arc<SendPath>,
         depth: usize,
         eager_max: usize,
         desc: String,
     ) -> Peer {
         Peer {
+            path,
             stripes: stripes.into_iter().map(Mutex::new).collect(),
             striped: (0..depth).map(|_| AtomicU32::new(0)).collect(),
             imm_parts: (0..depth).map(|_| AtomicU32::new(0)).collect(),
@@ -243,19 +247,22 @@ impl Peer {
     pub fn send(&self, h: &Header, payload: &[u8]) -> Result<()> {
         let mut out = lock(&self.out);
         let head = h.encode();
-        let sent = send_all(
-            out.stream.as_raw_fd(),
-            &mut [
+        let fd = out.stream.as_raw_fd();
+        let sent = self.path.send(&mut [Job::new(
+            fd,
+            [
                 IoSlice::new(&out.deferred),
                 IoSlice::new(&head),
                 IoSlice::new(payload),
             ],
-        );
+        )]);
         out.deferred.clear();
         self.has_deferred.store(false, Ordering::Relaxed);
-        sent.map_err(|e| {
-            Error::Remote(format!("{}: connection lost while sending: {e}", self.desc))
-        })
+        sent.map_err(|e| self.lost(e))
+    }
+
+    fn lost(&self, e: std::io::Error) -> Error {
+        Error::Remote(format!("{}: connection lost while sending: {e}", self.desc))
     }
 
     /// Queues one small frame to go out in front of the next one (see the module
@@ -270,7 +277,7 @@ impl Peer {
             self.has_deferred.store(true, Ordering::Relaxed);
             return true;
         }
-        Self::send_deferred(&mut out);
+        self.send_deferred(&mut out);
         self.has_deferred.store(false, Ordering::Relaxed);
         false
     }
@@ -281,14 +288,20 @@ impl Peer {
             return;
         }
         let mut out = lock(&self.out);
-        Self::send_deferred(&mut out);
+        self.send_deferred(&mut out);
         self.has_deferred.store(false, Ordering::Relaxed);
     }
 
-    fn send_deferred(out: &mut Outbox) {
+    fn send_deferred(&self, out: &mut Outbox) {
         if !out.deferred.is_empty() {
             let fd = out.stream.as_raw_fd();
-            let _ = send_all(fd, &mut [IoSlice::new(&out.deferred)]);
+            let none: &[u8] = &[];
+            let bufs = [
+                IoSlice::new(&out.deferred),
+                IoSlice::new(none),
+                IoSlice::new(none),
+            ];
+            let _ = self.path.send(&mut [Job::new(fd, bufs)]);
             out.deferred.clear();
         }
     }
@@ -297,7 +310,7 @@ impl Peer {
     /// reads to the end).
     pub fn close(&self) {
         let mut out = lock(&self.out);
-        Self::send_deferred(&mut out);
+        self.send_deferred(&mut out);
         let _ = out.stream.shutdown(std::net::Shutdown::Write);
         for s in self.stripes.iter() {
             let _ = lock(s).shutdown(std::net::Shutdown::Write);
@@ -310,7 +323,7 @@ impl Peer {
         let mut out = lock(&self.out);
         let stripes: Vec<_> = self.stripes[..heads.len() - 1].iter().map(lock).collect();
         let mut jobs = Vec::with_capacity(heads.len());
-        jobs.push(super::stripe::Job::new(
+        jobs.push(Job::new(
             out.stream.as_raw_fd(),
             [
                 IoSlice::new(&out.deferred),
@@ -319,7 +332,7 @@ impl Peer {
             ],
         ));
         for (i, s) in stripes.iter().enumerate() {
-            jobs.push(super::stripe::Job::new(
+            jobs.push(Job::new(
                 s.as_raw_fd(),
                 [
                     IoSlice::new(&[]),
@@ -328,22 +341,22 @@ impl Peer {
                 ],
             ));
         }
-        let sent = super::stripe::send_parallel(&mut jobs);
+        let sent = self.path.send(&mut jobs);
         drop(jobs);
         out.deferred.clear();
         self.has_deferred.store(false, Ordering::Relaxed);
-        sent.map_err(|e| {
-            Error::Remote(format!("{}: connection lost while sending: {e}", self.desc))
-        })
+        sent.map_err(|e| self.lost(e))
     }
 
     /// Sends `h` on stripe connection `i` (1-based), for the immediates of striped writes.
     pub fn send_on_stripe(&self, i: usize, h: &Header) -> Result<()> {
         let s = lock(&self.stripes[i - 1]);
         let head = h.encode();
-        send_all(s.as_raw_fd(), &mut [IoSlice::new(&head)]).map_err(|e| {
-            Error::Remote(format!("{}: connection lost while sending: {e}", self.desc))
-        })
+        let none: &[u8] = &[];
+        let bufs = [IoSlice::new(none), IoSlice::new(&head), IoSlice::new(none)];
+        self.path
+            .send(&mut [Job::new(s.as_raw_fd(), bufs)])
+            .map_err(|e| self.lost(e))
     }
 
     /// Records that the engine polls this peer now.
@@ -387,17 +400,6 @@ impl Peer {
         let _read = lock(&self.read);
         self.read_done.notify_all();
     }
-}
-
-/// Writes every buffer of `bufs` to the (blocking) socket `fd` whole, in as few `sendmsg`
-/// calls as the socket allows.
-fn send_all(fd: i32, mut bufs: &mut [IoSlice<'_>]) -> std::io::Result<()> {
-    IoSlice::advance_slices(&mut bufs, 0);
-    while !bufs.is_empty() {
-        let n = super::stripe::sendmsg(fd, bufs, 0)?.unwrap_or(0);
-        IoSlice::advance_slices(&mut bufs, n);
-    }
-    Ok(())
 }
 
 /// Locks `m`, ignoring poisoning (the state stays consistent: every critical section only

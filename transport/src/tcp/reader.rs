@@ -478,7 +478,8 @@ mod tests {
         let tx = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (rx, _) = l.accept().unwrap();
         let out = rx.try_clone().unwrap();
-        let peer = Arc::new(Peer::new(out, Vec::new(), 4, 64, "rank 1".into()));
+        let path = Arc::new(crate::tcp::stripe::SendPath::Sendmsg);
+        let peer = Arc::new(Peer::new((out, Vec::new()), path, 4, 64, "rank 1".into()));
         (tx, Inbox::new(peer.clone(), rx, (4, 64, 1)), peer)
     }
 

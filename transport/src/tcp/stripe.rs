@@ -1,4 +1,6 @@
-//! Several connections per peer (`AMPCCL_NSOCKS`), for links one TCP stream cannot fill.
+//! How frames leave: whole, through [`SendPath`] (`sendmsg`, or io_uring's zero-copy sends for
+//! large payloads, see [`super::uring`]); and over several connections per peer
+//! (`AMPCCL_NSOCKS`), for links one TCP stream cannot fill.
 //!
 //! Connection 0 carries every frame; connections 1.. carry only the stripes of large one-sided
 //! writes and the immediates that close them. A write of at least [`STRIPE_MIN`] bytes per
@@ -68,12 +70,23 @@ impl<'a> Job<'a> {
         j
     }
 
-    fn done(&self) -> bool {
+    /// Whether every buffer is sent.
+    pub fn done(&self) -> bool {
         self.first == self.bufs.len()
     }
 
+    /// The buffers (or their parts) not sent yet.
+    pub fn rest(&self) -> &[IoSlice<'a>] {
+        &self.bufs[self.first..]
+    }
+
+    /// Bytes not sent yet.
+    fn len(&self) -> usize {
+        self.rest().iter().map(|b| b.len()).sum()
+    }
+
     /// Marks `n` more bytes sent (empty buffers count as sent).
-    fn advance(&mut self, n: usize) {
+    pub fn advance(&mut self, n: usize) {
         let total = self.bufs.len();
         let mut rest: &mut [IoSlice<'a>] = &mut self.bufs[self.first..];
         IoSlice::advance_slices(&mut rest, n);
@@ -81,10 +94,90 @@ impl<'a> Job<'a> {
     }
 }
 
+/// `AMPCCL_TCP_IO`: how a device's frames leave.
+pub enum SendPath {
+    /// `sendmsg` from the calling thread.
+    Sendmsg,
+    /// Payloads of at least [`super::uring::ZC_MIN`] bytes through io_uring's zero-copy
+    /// sends; smaller ones as `Sendmsg`.
+    #[cfg(feature = "io-uring")]
+    Uring(Box<super::uring::Ring>),
+}
+
+impl SendPath {
+    /// The path `AMPCCL_TCP_IO` asks for (`epoll`, the default: `sendmsg` and one receiving
+    /// thread in `epoll_wait`; `uring`: zero-copy sends through io_uring, where the build has
+    /// the `io-uring` feature and the kernel allows it, else `sendmsg` with a warning).
+    pub fn from_env() -> ampccl_runtime::Result<SendPath> {
+        Self::from_value(&std::env::var("AMPCCL_TCP_IO").unwrap_or_default())
+    }
+
+    /// [`SendPath::from_env`] for the value `v`.
+    fn from_value(v: &str) -> ampccl_runtime::Result<SendPath> {
+        match v.trim() {
+            "" | "epoll" => Ok(SendPath::Sendmsg),
+            "uring" => Ok(Self::uring()),
+            other => Err(ampccl_runtime::Error::InvalidArgument(format!(
+                "AMPCCL_TCP_IO={other:?}: expected epoll or uring"
+            ))),
+        }
+    }
+
+    #[cfg(feature = "io-uring")]
+    fn uring() -> SendPath {
+        match super::uring::Ring::new() {
+            Ok(r) => SendPath::Uring(Box::new(r)),
+            Err(e) => {
+                tracing::warn!("AMPCCL_TCP_IO=uring: io_uring unavailable ({e}); using sendmsg");
+                SendPath::Sendmsg
+            }
+        }
+    }
+
+    #[cfg(not(feature = "io-uring"))]
+    fn uring() -> SendPath {
+        tracing::warn!("AMPCCL_TCP_IO=uring: built without the io-uring feature; using sendmsg");
+        SendPath::Sendmsg
+    }
+
+    /// The path's name, for logs.
+    pub fn name(&self) -> &'static str {
+        match self {
+            SendPath::Sendmsg => "sendmsg",
+            #[cfg(feature = "io-uring")]
+            SendPath::Uring(_) => "io_uring zero-copy",
+        }
+    }
+
+    /// Sends every job whole (several at once); returns when every byte is sent and the
+    /// memory is the caller's again.
+    pub fn send(&self, jobs: &mut [Job<'_>]) -> std::io::Result<()> {
+        #[cfg(feature = "io-uring")]
+        if let SendPath::Uring(ring) = self
+            && jobs.iter().map(Job::len).sum::<usize>() >= super::uring::ZC_MIN
+        {
+            return ring.send(jobs);
+        }
+        match jobs {
+            [one] => send_blocking(one),
+            _ => send_parallel(jobs),
+        }
+    }
+}
+
+/// Sends `job` whole on its blocking socket, in as few `sendmsg` calls as the socket allows.
+fn send_blocking(job: &mut Job<'_>) -> std::io::Result<()> {
+    while !job.done() {
+        let n = sendmsg(job.fd, job.rest(), 0)?.unwrap_or(0);
+        job.advance(n);
+    }
+    Ok(())
+}
+
 /// Sends every job whole, all at once from this thread: each `sendmsg` takes what its socket
 /// has room for (`MSG_DONTWAIT`); when no socket took anything, waits in `poll` until one has
 /// room. The first error ends it (the connection is lost).
-pub fn send_parallel(jobs: &mut [Job<'_>]) -> std::io::Result<()> {
+fn send_parallel(jobs: &mut [Job<'_>]) -> std::io::Result<()> {
     loop {
         let mut moved = false;
         for job in jobs.iter_mut().filter(|j| !j.done()) {
@@ -149,6 +242,18 @@ mod tests {
     use std::io::Read;
     use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsRawFd;
+
+    #[test]
+    fn the_send_path_is_epoll_or_uring() {
+        assert_eq!(SendPath::from_value("").unwrap().name(), "sendmsg");
+        assert_eq!(SendPath::from_value(" epoll ").unwrap().name(), "sendmsg");
+        assert!(SendPath::from_value("uring").is_ok());
+        let e = SendPath::from_value("kqueue").err().unwrap().to_string();
+        assert!(
+            e.contains("AMPCCL_TCP_IO") && e.contains("epoll or uring"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn stripes_cover_the_message_in_order() {
