@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use ampccl_runtime::{Error, Result};
 
+use super::launcher::{self, Source};
 use super::unique_id::{Token, UniqueId};
 use super::{DEFAULT_TIMEOUT, MAX_RANKS, TIMEOUT_MAX_S, root, wire};
 
@@ -121,11 +122,24 @@ fn job_id(lookup: &dyn Fn(&str) -> Option<String>) -> Option<(&'static str, Stri
     })
 }
 
-/// How [`Bootstrap::from_env`](super::Bootstrap::from_env) finds the rendezvous.
+/// How [`Bootstrap::from_env`](super::Bootstrap::from_env) finds the rendezvous (see
+/// [`Source::detect`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rendezvous {
     /// `AMPCCL_UNIQUE_ID` was set.
     UniqueId(UniqueId),
+    /// torchrun's agent store at `addr:port`; the id travels under keys below `scope`
+    /// (`ampccl/<run id>/<restart count>`).
+    TcpStore {
+        addr: String,
+        port: u16,
+        scope: String,
+    },
+    /// PMI-1 on the descriptor `fd` (`PMI_FD`); `local_world` is `MPI_LOCALNRANKS`.
+    Pmi {
+        fd: String,
+        local_world: Option<usize>,
+    },
     /// torchrun style; rank 0 hosts the root on `addr:port`.
     Master {
         addr: String,
@@ -151,42 +165,58 @@ impl EnvConfig {
     /// invalid variable is an [`Error::InvalidArgument`] naming it.
     pub fn parse(lookup: impl Fn(&str) -> Option<String>) -> Result<EnvConfig> {
         let lookup: &dyn Fn(&str) -> Option<String> = &lookup;
-        let rank: usize = required(lookup, &["AMPCCL_RANK", "RANK"])?;
-        let world: usize = required(lookup, &["AMPCCL_WORLD_SIZE", "WORLD_SIZE"])?;
+        let source = Source::detect(lookup)?;
+        // Under PMI the launcher's numbering wins over a RANK the shell may carry.
+        let (rank_vars, world_vars): (&[&str], &[&str]) = match source {
+            Source::Pmi => (
+                &["AMPCCL_RANK", "PMI_RANK"],
+                &["AMPCCL_WORLD_SIZE", "PMI_SIZE"],
+            ),
+            _ => (
+                &["AMPCCL_RANK", "RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"],
+                &[
+                    "AMPCCL_WORLD_SIZE",
+                    "WORLD_SIZE",
+                    "OMPI_COMM_WORLD_SIZE",
+                    "PMI_SIZE",
+                ],
+            ),
+        };
+        let rank: usize = required(lookup, rank_vars)?;
+        let world: usize = required(lookup, world_vars)?;
         if world == 0 || world > MAX_RANKS {
             return Err(Error::InvalidArgument(format!(
                 "environment variable WORLD_SIZE (or AMPCCL_WORLD_SIZE) = {world} is out of \
                  range (1..={MAX_RANKS})"
             )));
         }
-        let local_rank = num_var(lookup, &["AMPCCL_LOCAL_RANK", "LOCAL_RANK"])?;
-        let rendezvous = if let Some(hex) = var(lookup, "AMPCCL_UNIQUE_ID") {
-            let id = UniqueId::from_hex(&hex).map_err(|e| {
-                Error::InvalidArgument(format!("environment variable AMPCCL_UNIQUE_ID: {e}"))
-            })?;
-            Rendezvous::UniqueId(id)
-        } else {
-            let addr = var(lookup, "MASTER_ADDR").ok_or_else(|| {
-                Error::InvalidArgument(
-                    "environment variable MASTER_ADDR is not set (nor AMPCCL_UNIQUE_ID)".into(),
-                )
-            })?;
-            let port: u16 = required(lookup, &["MASTER_PORT"])?;
-            let job = job_id(lookup);
-            let secret = job.as_ref().map_or("", |(_, v)| v.as_str());
-            let token = wire::fnv1a128(&[
-                b"ampccl-bootstrap-v1",
-                addr.as_bytes(),
-                port.to_string().as_bytes(),
-                world.to_string().as_bytes(),
-                secret.as_bytes(),
-            ]);
-            Rendezvous::Master {
-                addr,
-                port,
-                token,
-                job_id_from: job.map(|(name, _)| name),
+        let local_rank = num_var(lookup, LOCAL_RANK_VARS)?;
+        let rendezvous = match source {
+            Source::UniqueId => {
+                let hex = var(lookup, "AMPCCL_UNIQUE_ID").unwrap_or_default();
+                let id = UniqueId::from_hex(&hex).map_err(|e| {
+                    Error::InvalidArgument(format!("environment variable AMPCCL_UNIQUE_ID: {e}"))
+                })?;
+                Rendezvous::UniqueId(id)
             }
+            Source::TcpStore => Rendezvous::TcpStore {
+                addr: var(lookup, "MASTER_ADDR").ok_or_else(|| {
+                    Error::InvalidArgument(
+                        "environment variable MASTER_ADDR (torchrun's store) is not set".into(),
+                    )
+                })?,
+                port: required(lookup, &["MASTER_PORT"])?,
+                scope: format!(
+                    "ampccl/{}/{}",
+                    var(lookup, "TORCHELASTIC_RUN_ID").unwrap_or_else(|| "none".into()),
+                    var(lookup, "TORCHELASTIC_RESTART_COUNT").unwrap_or_else(|| "0".into())
+                ),
+            },
+            Source::Pmi => Rendezvous::Pmi {
+                fd: var(lookup, "PMI_FD").unwrap_or_default(),
+                local_world: num_var(lookup, &["MPI_LOCALNRANKS"])?,
+            },
+            Source::Master => Self::master(lookup, world)?,
         };
         Ok(EnvConfig {
             rank,
@@ -195,7 +225,44 @@ impl EnvConfig {
             rendezvous,
         })
     }
+
+    /// The `MASTER_ADDR` rendezvous, its token derived from the job (module documentation).
+    fn master(lookup: &dyn Fn(&str) -> Option<String>, world: usize) -> Result<Rendezvous> {
+        let addr = var(lookup, "MASTER_ADDR").ok_or_else(|| {
+            Error::InvalidArgument(
+                "environment variable MASTER_ADDR is not set (nor AMPCCL_UNIQUE_ID)".into(),
+            )
+        })?;
+        let port: u16 = required(lookup, &["MASTER_PORT"])?;
+        let job = job_id(lookup);
+        let secret = job.as_ref().map_or("", |(_, v)| v.as_str());
+        let token = wire::fnv1a128(&[
+            b"ampccl-bootstrap-v1",
+            addr.as_bytes(),
+            port.to_string().as_bytes(),
+            world.to_string().as_bytes(),
+            secret.as_bytes(),
+        ]);
+        Ok(Rendezvous::Master {
+            addr,
+            port,
+            token,
+            job_id_from: job.map(|(name, _)| name),
+        })
+    }
 }
+
+/// Where the local rank comes from, first set wins: ampccl's own, torchrun's and `ampccl-run`'s,
+/// Intel MPI / MPICH hydra's, PMI's, Open MPI's, Slurm's. Without any, the bootstrap counts the
+/// lower ranks on the same host.
+pub const LOCAL_RANK_VARS: &[&str] = &[
+    "AMPCCL_LOCAL_RANK",
+    "LOCAL_RANK",
+    "MPI_LOCALRANKID",
+    "PMI_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "SLURM_LOCALID",
+];
 
 impl EnvConfig {
     /// The id to join: the given one, or in `Master` mode the root address `MASTER_ADDR:MASTER_PORT`
@@ -203,8 +270,15 @@ impl EnvConfig {
     /// one `MASTER_ADDR` resolves to, not the wildcard) and starts its thread, which lives at
     /// most `timeout`.
     pub fn unique_id(&self, timeout: Duration) -> Result<UniqueId> {
+        log_source_once(self);
         match &self.rendezvous {
             Rendezvous::UniqueId(id) => Ok(*id),
+            Rendezvous::TcpStore { addr, port, scope } => {
+                launcher::via_tcpstore(addr, *port, scope, self.rank, timeout)
+            }
+            Rendezvous::Pmi { fd, local_world } => {
+                launcher::via_pmi(fd, *local_world, self.rank, self.world, timeout)
+            }
             Rendezvous::Master {
                 addr,
                 port,
@@ -254,6 +328,28 @@ impl EnvConfig {
             self.world
         ))
     }
+}
+
+/// Says once per process where the rendezvous comes from.
+fn log_source_once(cfg: &EnvConfig) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    let what = match &cfg.rendezvous {
+        Rendezvous::UniqueId(id) => format!("the unique id in AMPCCL_UNIQUE_ID ({id:?})"),
+        Rendezvous::TcpStore { addr, port, scope } => {
+            format!("torchrun's TCPStore at {addr}:{port} (keys under {scope})")
+        }
+        Rendezvous::Pmi { fd, .. } => format!("the launcher's PMI-1 on PMI_FD={fd}"),
+        Rendezvous::Master { addr, port, .. } => {
+            format!("MASTER_ADDR:MASTER_PORT {addr}:{port} (rank 0 hosts the root there)")
+        }
+    };
+    ONCE.call_once(|| {
+        tracing::info!(
+            rank = cfg.rank,
+            world = cfg.world,
+            "bootstrap: rendezvous through {what}"
+        );
+    });
 }
 
 /// Says once per process whether a job id keys the `MASTER_ADDR` rendezvous token: without one,

@@ -63,9 +63,12 @@
 
 mod env;
 pub mod ifname;
+mod launcher;
 mod link;
 mod mesh;
+pub mod pmi;
 mod root;
+pub mod tcpstore;
 mod unique_id;
 mod wire;
 
@@ -80,7 +83,10 @@ use ampccl_runtime::{Error, Result};
 
 use crate::topology::Topology;
 
-pub use env::{EnvConfig, JOB_ID_VARS, Rendezvous, parse_timeout_s, timeout_from_env};
+pub use env::{
+    EnvConfig, JOB_ID_VARS, LOCAL_RANK_VARS, Rendezvous, parse_timeout_s, timeout_from_env,
+};
+pub use launcher::Source;
 use link::{KIND_ALLGATHER, KIND_BARRIER, KIND_BROADCAST, KIND_P2P, Key, Link};
 pub use root::RootReport;
 pub use unique_id::{Token, UNIQUE_ID_BYTES, UniqueId};
