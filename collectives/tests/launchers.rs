@@ -42,7 +42,8 @@ fn worker_entry() {
     let code = match what.as_str() {
         "allreduce" => match allreduce() {
             Ok(line) => {
-                println!("{line}");
+                // After libtest's "test worker_entry ... ", on a line of its own.
+                println!("\n{line}");
                 0
             }
             Err(e) => {

@@ -172,6 +172,18 @@ pub(crate) fn via_tcpstore(
 /// The process's PMI session: opened on first use, kept (PMI is initialized once per process).
 static PMI: Mutex<Option<std::result::Result<Pmi, String>>> = Mutex::new(None);
 
+/// Ends the PMI session at process exit: hydra takes a process that exits without
+/// `finalize` for a crashed one and kills the rest of the job.
+extern "C" fn finalize_pmi_at_exit() {
+    // `try_lock`: a thread that exits the process while another holds the lock must not hang.
+    if let Ok(mut guard) = PMI.try_lock()
+        && let Some(Ok(pmi)) = guard.take()
+        && let Err(e) = pmi.finalize(Instant::now() + Duration::from_secs(10))
+    {
+        tracing::warn!("PMI finalize at exit: {e}");
+    }
+}
+
 /// Takes ownership of the descriptor `PMI_FD` names.
 fn pmi_stream(fd_var: &str) -> Result<UnixStream> {
     let bad = || {
@@ -205,9 +217,13 @@ pub(crate) fn via_pmi(
     let deadline = Instant::now() + timeout;
     let mut guard = PMI.lock().unwrap_or_else(|p| p.into_inner());
     let session = guard.get_or_insert_with(|| {
-        pmi_stream(fd)
+        let pmi = pmi_stream(fd)
             .and_then(|s| Pmi::init(s, deadline))
-            .map_err(|e| e.to_string())
+            .map_err(|e| e.to_string())?;
+        // SAFETY: registers a plain `extern "C"` function without state; it runs once, at
+        // exit, and never unwinds (it returns on every error).
+        unsafe { libc::atexit(finalize_pmi_at_exit) };
+        Ok(pmi)
     });
     let pmi = session
         .as_mut()

@@ -24,7 +24,9 @@
 //! (space, `=`, newline).
 //!
 //! One process speaks PMI once: the session (init, maxes, KVS name) is kept for the process's
-//! life and every later rendezvous uses a fresh key (`ampccl-uid-<n>`). A program that calls
+//! life, every later rendezvous uses a fresh key (`ampccl-uid-<n>`), and an `atexit` handler
+//! sends `finalize` (hydra takes a process that exits without it for a crashed one and kills
+//! the job). A program that calls
 //! `MPI_Init` itself owns `PMI_FD`; it should broadcast a [`UniqueId`](super::UniqueId) with
 //! MPI and call `Communicator::init` instead of `from_env`.
 
