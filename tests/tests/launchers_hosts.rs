@@ -88,6 +88,9 @@ fn torchrun_across_two_hosts() {
         .args(["--exact", WORKER_TEST, "--nocapture", "--test-threads=1"]);
         for k in [
             "AMPCCL_UNIQUE_ID",
+            "AMPCCL_RENDEZVOUS",
+            "AMPCCL_RANK",
+            "AMPCCL_WORLD_SIZE",
             "MASTER_ADDR",
             "MASTER_PORT",
             "RANK",
