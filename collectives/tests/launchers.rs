@@ -296,3 +296,62 @@ fn torchrun_starts_ranks_through_its_tcpstore() {
     let o = cmd.output().unwrap();
     check_ok(&o, &|_| String::new(), "torchrun's TCPStore");
 }
+
+/// The TCPStore client against PyTorch's own store, both of its server backends (libuv, the
+/// default since 2.4, and the older thread-based one): every query the client has. PyTorch's
+/// client puts `/` in front of each key, so the raw keys here carry it.
+#[test]
+fn the_tcpstore_client_speaks_with_pytorchs_store() {
+    use ampccl_transport::bootstrap::tcpstore::StoreClient;
+    let Some(python) = peer("torch/bin/python") else {
+        return;
+    };
+    const SERVER: &str = r#"
+import datetime, sys
+from torch.distributed import TCPStore
+s = TCPStore("127.0.0.1", 0, 1, True, timeout=datetime.timedelta(seconds=30),
+             wait_for_workers=False, use_libuv=sys.argv[1] == "1")
+print("port", s.port, flush=True)
+s.wait(["from-rust"])
+assert s.get("from-rust") == b"hello \x00\xff", s.get("from-rust")
+s.set("from-python", b"world")
+s.wait(["done"])
+print("python-ok", s.add("counter", 0), flush=True)
+"#;
+    for libuv in ["1", "0"] {
+        let mut py = Command::new(&python)
+            .args(["-c", SERVER, libuv])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(py.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        let port: u16 = line
+            .trim()
+            .strip_prefix("port ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("libuv={libuv}: no port in {line:?}"));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut c = StoreClient::connect("127.0.0.1", port, deadline).unwrap();
+        c.ping(deadline).unwrap();
+        assert!(!c.check(&["/from-python"], deadline).unwrap());
+        // A missing key: PyTorch 2.15's libuv store closes the connection (clients wait
+        // first), older stores answer an empty value; either way nothing hangs.
+        match c.get("/missing", deadline) {
+            Ok(v) => assert_eq!(v, b"", "libuv={libuv}"),
+            Err(_) => c = StoreClient::connect("127.0.0.1", port, deadline).unwrap(),
+        }
+        c.set("/from-rust", b"hello \x00\xff", deadline).unwrap();
+        c.wait(&["/from-python"], deadline).unwrap();
+        assert_eq!(c.get("/from-python", deadline).unwrap(), b"world");
+        assert!(c.check(&["/from-python", "/from-rust"], deadline).unwrap());
+        assert_eq!(c.add("/counter", 5, deadline).unwrap(), 5);
+        assert_eq!(c.add("/counter", -2, deadline).unwrap(), 3);
+        c.set("/done", b"", deadline).unwrap();
+        line.clear();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert_eq!(line.trim(), "python-ok 3", "libuv={libuv}");
+        assert!(py.wait().unwrap().success(), "libuv={libuv}");
+    }
+}

@@ -14,13 +14,15 @@
 //! |---|---|---|---|
 //! | `VALIDATE` | 0 | `u32` magic `0x3C85F7CE` | none (a wrong magic closes the connection) |
 //! | `SET` | 1 | key, value | none |
-//! | `GET` | 3 | key | value (empty when the key is missing) |
+//! | `GET` | 3 | key | value (a missing key: empty, or the connection closes) |
 //! | `ADD` | 4 | key, `i64` | `i64`, the new value (stored as decimal text) |
 //! | `CHECK` | 5 | `u64` n, n keys | `u8`: 0 ready, 1 not ready |
 //! | `WAIT` | 6 | `u64` n, n keys | `u8` 0 (`STOP_WAITING`) once every key exists |
 //! | `PING` | 13 | `u32` nonce | the nonce |
 //!
-//! The first request of a connection must be `VALIDATE`. A `WAIT` blocks the connection until
+//! PyTorch's own client puts `/` in front of every key; ampccl's keys (`ampccl/...`) never
+//! start with one, so they cannot meet torch's. The first request of a connection must be
+//! `VALIDATE`. A `WAIT` blocks the connection until
 //! its keys exist; this client bounds it with the caller's deadline and then drops the
 //! connection (the store forgets the waits of a closed connection). Stores refuse keys over
 //! 8 KiB and values over 8 MiB; this client checks keys before sending and refuses any reply
@@ -139,7 +141,8 @@ impl StoreClient {
         self.send(&req, deadline, &format!("set {key:?}"))
     }
 
-    /// The value of `key`; empty when the key does not exist.
+    /// The value of `key`. For a missing key some stores answer an empty value and others
+    /// (PyTorch 2.15's default) close the connection: [`StoreClient::wait`] first.
     pub fn get(&mut self, key: &str, deadline: Instant) -> Result<Vec<u8>> {
         let what = format!("get {key:?}");
         let mut req = vec![Q_GET];
