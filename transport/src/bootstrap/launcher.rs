@@ -27,6 +27,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::sync::Mutex;
+#[cfg(not(test))]
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -101,8 +102,20 @@ impl Source {
     }
 }
 
-/// Rendezvous of this process so far through a store or PMI (the `<n>` of the keys).
-static GENERATION: AtomicU64 = AtomicU64::new(0);
+/// The `<n>` of this rendezvous: how many rendezvous through a store or PMI this process made
+/// before. Tests play ranks as threads of one process: there each thread counts its own.
+fn next_generation() -> u64 {
+    #[cfg(test)]
+    {
+        thread_local!(static GEN: std::cell::Cell<u64> = const { std::cell::Cell::new(0) });
+        GEN.with(|g| g.replace(g.get() + 1))
+    }
+    #[cfg(not(test))]
+    {
+        static GENERATION: AtomicU64 = AtomicU64::new(0);
+        GENERATION.fetch_add(1, Ordering::Relaxed)
+    }
+}
 
 /// Where rank 0's root listens: `AMPCCL_BOOTSTRAP_ADDR`, else the `AMPCCL_SOCKET_IFNAME`
 /// interface, else `default`.
@@ -149,7 +162,7 @@ pub(crate) fn via_tcpstore(
     timeout: Duration,
 ) -> Result<UniqueId> {
     let deadline = Instant::now() + timeout;
-    let n = GENERATION.fetch_add(1, Ordering::Relaxed);
+    let n = next_generation();
     let key = format!("{scope}/{n}/unique_id");
     let mut store = StoreClient::connect(host, port, deadline)?;
     if rank == 0 {
@@ -228,7 +241,7 @@ pub(crate) fn via_pmi(
     let pmi = session
         .as_mut()
         .map_err(|e| Error::InvalidUsage(format!("PMI session: {e}")))?;
-    let key = format!("ampccl-uid-{}", GENERATION.fetch_add(1, Ordering::Relaxed));
+    let key = format!("ampccl-uid-{}", next_generation());
     let mut made = None;
     if rank == 0 {
         let ip = if local_world == Some(world) {

@@ -244,4 +244,4 @@ fn keys_request(query: u8, keys: &[&str]) -> Result<Vec<u8>> {
 
 #[cfg(test)]
 #[path = "tcpstore_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -16,7 +16,7 @@ fn deadline() -> Instant {
 }
 
 #[derive(Default)]
-struct Kv {
+pub(crate) struct Kv {
     map: Mutex<HashMap<String, Vec<u8>>>,
     changed: Condvar,
     /// Whether every connection started with a valid VALIDATE.
@@ -117,7 +117,7 @@ fn serve(mut s: TcpStream, kv: Arc<Kv>) {
 }
 
 /// A faithful store on an ephemeral port: (port, its state).
-fn store() -> (u16, Arc<Kv>) {
+pub(crate) fn store() -> (u16, Arc<Kv>) {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     let kv = Arc::new(Kv::default());
