@@ -142,8 +142,9 @@ pub fn run(args: &Args) -> Result<bool, String> {
     let overlay = plot::read_series(&args.overlay, plot::Placement::Out)?;
     let comm = Communicator::from_env().map_err(|e| {
         format!(
-            "{e}\n(ampccl-perf -g N starts N ranks on this host itself; a launcher sets RANK and \
-             WORLD_SIZE with MASTER_ADDR/MASTER_PORT or AMPCCL_UNIQUE_ID)"
+            "{e}\n(ampccl-perf -g N starts N ranks on this host itself; or start it under a \
+             launcher: `ampccl-run -n N ampccl-perf ...`, torchrun --no-python, an MPICH-family \
+             mpirun, or MASTER_ADDR/MASTER_PORT with RANK and WORLD_SIZE)"
         )
     })?;
     let r = with_type!(args.work.dtype, T => sweep::<T>(&comm, args, &overlay));

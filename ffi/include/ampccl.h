@@ -358,6 +358,18 @@ ampcclResult_t ampcclCommInitRankConfig(ampcclComm_t *comm,
                                         ampcclConfig_t *config);
 
 /**
+ * Extension: joins the job the launcher started, as the Rust API's `Communicator::from_env`
+ * (blocking; collective over the ranks): `ampccl-run`'s `AMPCCL_UNIQUE_ID` + `RANK` /
+ * `WORLD_SIZE`, torchrun (through its TCPStore), `MASTER_ADDR`/`MASTER_PORT`, or an
+ * MPICH-family `mpirun` / `srun --mpi=pmi2` (PMI-1 on `PMI_FD`). Without any it returns
+ * `ampcclInvalidArgument`; `ampcclGetLastError(NULL)` says what to set.
+ *
+ * # Safety
+ * `comm` is writable (or NULL: an error).
+ */
+ampcclResult_t ampcclCommInitFromEnv(ampcclComm_t *comm);
+
+/**
  * Creates `ndev` ranks of one new communicator in this process (`comm[i]` is rank `i`);
  * `devlist` is ignored (host memory) and may be NULL.
  *

@@ -222,6 +222,16 @@ pub(crate) unsafe fn init_rank(
     })
 }
 
+/// `ampcclCommInitFromEnv`.
+///
+/// # Safety
+/// `out` is NULL or valid for a write.
+pub(crate) unsafe fn init_from_env(out: *mut ampcclComm_t) -> FfiResult<ampcclResult_t> {
+    // SAFETY: forwarded from the caller.
+    let out = unsafe { out.as_mut() }.ok_or_else(|| invalid("comm (output) is NULL"))?;
+    start(out, true, Communicator::from_env)
+}
+
 /// `ampcclCommInitAll`: `ndev` ranks of one new communicator in this process, each initialized
 /// on its own thread.
 ///

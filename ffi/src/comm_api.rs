@@ -44,6 +44,22 @@ pub unsafe extern "C" fn ampcclCommInitRankConfig(
     })
 }
 
+/// Extension: joins the job the launcher started, as the Rust API's `Communicator::from_env`
+/// (blocking; collective over the ranks): `ampccl-run`'s `AMPCCL_UNIQUE_ID` + `RANK` /
+/// `WORLD_SIZE`, torchrun (through its TCPStore), `MASTER_ADDR`/`MASTER_PORT`, or an
+/// MPICH-family `mpirun` / `srun --mpi=pmi2` (PMI-1 on `PMI_FD`). Without any it returns
+/// `ampcclInvalidArgument`; `ampcclGetLastError(NULL)` says what to set.
+///
+/// # Safety
+/// `comm` is writable (or NULL: an error).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ampcclCommInitFromEnv(comm: *mut ampcclComm_t) -> ampcclResult_t {
+    guard("ampcclCommInitFromEnv", || {
+        // SAFETY: forwarded from the caller.
+        unsafe { comm::init_from_env(comm) }
+    })
+}
+
 /// Creates `ndev` ranks of one new communicator in this process (`comm[i]` is rank `i`);
 /// `devlist` is ignored (host memory) and may be NULL.
 ///

@@ -224,3 +224,44 @@ fn absurd_counts_are_refused_at_the_call_and_the_communicator_survives() {
         assert_eq!(unsafe { ampcclCommDestroy(c) }, ampcclSuccess);
     }
 }
+
+/// Outside any launcher, `ampcclCommInitFromEnv` fails with a message saying what to start
+/// the ranks with; a NULL output is refused.
+#[test]
+fn init_from_env_outside_a_launcher_says_what_to_set() {
+    use crate::ampcclGetLastError;
+    use crate::comm_api::ampcclCommInitFromEnv;
+    // SAFETY: NULL is allowed (an error).
+    assert_eq!(
+        unsafe { ampcclCommInitFromEnv(null_mut()) },
+        ampcclInvalidArgument
+    );
+    let launched = [
+        "AMPCCL_UNIQUE_ID",
+        "AMPCCL_RENDEZVOUS",
+        "MASTER_ADDR",
+        "PMI_FD",
+        "OMPI_COMM_WORLD_SIZE",
+        "SLURM_PROCID",
+    ]
+    .iter()
+    .any(|v| std::env::var_os(v).is_some());
+    if launched {
+        println!("SKIPPED: the test process runs under a launcher's environment");
+        return;
+    }
+    let mut comm = null_mut();
+    // SAFETY: `comm` is writable.
+    assert_eq!(
+        unsafe { ampcclCommInitFromEnv(&mut comm) },
+        ampcclInvalidArgument
+    );
+    assert!(comm.is_null());
+    // SAFETY: the per-thread message is a valid C string.
+    let msg = unsafe { std::ffi::CStr::from_ptr(ampcclGetLastError(null_mut())) };
+    let msg = msg.to_string_lossy();
+    assert!(
+        msg.contains("no launcher found") && msg.contains("ampccl-run"),
+        "{msg}"
+    );
+}

@@ -98,8 +98,11 @@ impl Communicator {
         Communicator::from_bootstrap(boot, config, registry)
     }
 
-    /// Joins using `AMPCCL_UNIQUE_ID` + `RANK`/`WORLD_SIZE`, or torchrun's `MASTER_ADDR`,
-    /// `MASTER_PORT`, `RANK`, `WORLD_SIZE`.
+    /// Joins the job the launcher started: `AMPCCL_UNIQUE_ID` + `RANK`/`WORLD_SIZE`
+    /// (`ampccl-run`), torchrun (through its agent's TCPStore at `MASTER_ADDR:MASTER_PORT`),
+    /// `MASTER_ADDR`/`MASTER_PORT`/`RANK`/`WORLD_SIZE` (rank 0 hosts the rendezvous), or an
+    /// MPICH-family `mpirun` / `srun --mpi=pmi2` (PMI-1 on `PMI_FD`); see
+    /// `ampccl_transport::bootstrap::Source` for the order and the errors.
     pub fn from_env() -> Result<Communicator> {
         config::init_logging();
         let config = Config::from_env()?;
@@ -184,6 +187,12 @@ impl Communicator {
     /// Number of ranks.
     pub fn world(&self) -> usize {
         self.inner.world
+    }
+
+    /// This rank's index among the ranks of its host: the launcher's (`LOCAL_RANK`,
+    /// `MPI_LOCALRANKID`, ...) when it set one, else the number of lower ranks on this host.
+    pub fn local_rank(&self) -> usize {
+        self.inner.boot.local_rank()
     }
 
     /// The stream operations use when none is given.

@@ -1,7 +1,11 @@
 //! Bootstrap: out-of-band rendezvous and a small TCP mesh between the ranks of a job, used to
 //! exchange connection information before the data transports exist (NCCL's `bootstrap.cc`).
 //!
-//! Two ways in:
+//! Ways in (module `launcher` says which one [`Bootstrap::from_env`] takes, and in what order):
+//! * **Launchers**: torchrun, whose agent holds `MASTER_PORT` with a PyTorch `TCPStore` (module
+//!   [`tcpstore`]), and MPICH-family `mpirun` / `srun --mpi=pmi2`, which offer PMI-1 on
+//!   `PMI_FD` (module [`pmi`]): rank 0 makes a unique id and publishes it there, the others read
+//!   it, and everyone continues as with a unique id below.
 //! * **Unique id** (NCCL style): one process calls [`UniqueId::generate`] (binds a root and starts
 //!   its thread), ships the id to every rank, and each rank calls [`Bootstrap::init`]. With
 //!   [`Bootstrap::from_env`], the id travels as 256 hex characters in `AMPCCL_UNIQUE_ID`, with the
@@ -63,9 +67,12 @@
 
 mod env;
 pub mod ifname;
+mod launcher;
 mod link;
 mod mesh;
+pub mod pmi;
 mod root;
+pub mod tcpstore;
 mod unique_id;
 mod wire;
 
@@ -80,7 +87,10 @@ use ampccl_runtime::{Error, Result};
 
 use crate::topology::Topology;
 
-pub use env::{EnvConfig, JOB_ID_VARS, Rendezvous, parse_timeout_s, timeout_from_env};
+pub use env::{
+    EnvConfig, JOB_ID_VARS, LOCAL_RANK_VARS, Rendezvous, parse_timeout_s, timeout_from_env,
+};
+pub use launcher::Source;
 use link::{KIND_ALLGATHER, KIND_BARRIER, KIND_BROADCAST, KIND_P2P, Key, Link};
 pub use root::RootReport;
 pub use unique_id::{Token, UNIQUE_ID_BYTES, UniqueId};

@@ -1,0 +1,140 @@
+//! torchrun across 2 emulated hosts (`ampccl_tests::hosts`, docs/TESTING.md): one torchrun
+//! agent per host, `--nnodes=2` with static rendezvous at host 0's address; host 0's agent
+//! holds `MASTER_PORT` with its TCPStore, and the ranks (this binary's `worker_entry`) join
+//! through it with `Communicator::from_env`, rank 1 reaching rank 0's root on host 0 over the
+//! bridge.
+//!
+//! Needs root and the tools of the harness, and torch from `benches/peers/install.sh
+//! --launchers`; without them the test prints why and passes, except under `CI`.
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use ampccl::ReduceOp;
+use ampccl_tests::hosts::in_ci;
+use ampccl_tests::{Hosts, Outcome, ROLE_VAR, SCENARIO_VAR, WORKER_TEST, ensure, err, worker};
+
+const SCENARIO: &str = "torchrun_across_hosts";
+
+#[test]
+fn worker_entry() {
+    worker(|scenario| match scenario {
+        SCENARIO => torchrun_rank(),
+        s => Err(format!("unknown scenario {s:?}")),
+    });
+}
+
+/// A rank under torchrun: joins through the agent's store, checks a sum and that the ranks are
+/// on 2 hosts.
+fn torchrun_rank() -> Outcome {
+    ensure(
+        std::env::var("TORCHELASTIC_USE_AGENT_STORE").as_deref() == Ok("True"),
+        || "torchrun did not hand its agent's store to the ranks".into(),
+    )?;
+    let comm = ampccl::Communicator::from_env().map_err(err("from_env"))?;
+    let mut x = [comm.rank() as u64 + 1];
+    comm.all_reduce_in_place(&mut x, ReduceOp::Sum)
+        .map_err(err("allreduce"))?;
+    ensure(x[0] == 3, || format!("sum {}, expected 3", x[0]))?;
+    ensure(comm.topology().hosts() == 2, || {
+        format!("{} hosts, expected 2", comm.topology().hosts())
+    })?;
+    ensure(comm.local_rank() == 0, || {
+        format!("local rank {}", comm.local_rank())
+    })?;
+    comm.destroy().map_err(err("destroy"))
+}
+
+fn torchrun() -> Option<PathBuf> {
+    let home = std::env::var_os("PEERS_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/ampccl-peers")
+        });
+    let p = home.join("torch/bin/torchrun");
+    if p.exists() {
+        return Some(p);
+    }
+    assert!(
+        !in_ci(),
+        "{} is missing: run benches/peers/install.sh --launchers",
+        p.display()
+    );
+    println!("SKIPPED: {} is missing", p.display());
+    None
+}
+
+#[test]
+fn torchrun_across_two_hosts() {
+    let Some(torchrun) = torchrun() else { return };
+    let Some(hosts) = Hosts::new_or_skip(2) else {
+        return;
+    };
+    let exe = std::env::current_exe().unwrap();
+    let mut agents = Vec::new();
+    for node in 0..2 {
+        let mut cmd = hosts.command(node, &torchrun);
+        cmd.args([
+            "--nnodes=2",
+            "--nproc_per_node=1",
+            &format!("--node_rank={node}"),
+            &format!("--master_addr={}", hosts.addr(0)),
+            "--master_port=29500",
+            "--no-python",
+        ])
+        .arg(&exe)
+        .args(["--exact", WORKER_TEST, "--nocapture", "--test-threads=1"]);
+        for k in [
+            "AMPCCL_UNIQUE_ID",
+            "AMPCCL_RENDEZVOUS",
+            "AMPCCL_RANK",
+            "AMPCCL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "RANK",
+            "WORLD_SIZE",
+        ] {
+            cmd.env_remove(k);
+        }
+        cmd.env(ROLE_VAR, "worker")
+            .env(SCENARIO_VAR, SCENARIO)
+            .env("AMPCCL_LOG", "info")
+            .env("AMPCCL_TIMEOUT_S", "60")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let mut stderr = child.stderr.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = stderr.read_to_string(&mut s);
+            s
+        });
+        agents.push((child, reader));
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut report = String::new();
+    let mut ok = true;
+    for (node, (mut child, reader)) in agents.into_iter().enumerate() {
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break Some(s);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let log = reader.join().unwrap();
+        let rank_ok = log.contains(&format!("[rank {node}] {SCENARIO}: ok"));
+        let via_store = log.contains("rendezvous through torchrun's TCPStore");
+        ok &= status.is_some_and(|s| s.success()) && rank_ok && via_store;
+        report +=
+            &format!("--- host {node}: {status:?}, ok line {rank_ok}, store {via_store}\n{log}\n");
+    }
+    assert!(ok, "{report}");
+}
