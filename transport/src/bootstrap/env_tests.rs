@@ -321,35 +321,39 @@ fn launcher_environments_parse() {
 }
 
 /// torchrun mode against an in-test store: 3 ranks join, twice in a row (each rendezvous of a
-/// process reads a fresh key), and MASTER_PORT stays the store's.
+/// process reads a fresh key: a rank must never find the first rendezvous' id in the second),
+/// and MASTER_PORT stays the store's. Each rank is one thread for both rendezvous, as each is
+/// one process under torchrun.
 #[test]
 fn from_env_through_a_tcpstore_twice() {
     let (port, _kv) = crate::bootstrap::tcpstore::tests::store();
     let world = 3;
-    for round in 0..2 {
-        let sums: Vec<usize> = std::thread::scope(|s| {
-            let hs: Vec<_> = (0..world)
-                .map(|rank| {
-                    let lookup = env(&[
-                        ("MASTER_ADDR", "127.0.0.1".into()),
-                        ("MASTER_PORT", port.to_string()),
-                        ("RANK", rank.to_string()),
-                        ("WORLD_SIZE", world.to_string()),
-                        (
-                            "TORCHELASTIC_RUN_ID",
-                            format!("test-{}", std::process::id()),
-                        ),
-                        ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
-                    ]);
-                    s.spawn(move || {
-                        let bs = Bootstrap::from_lookup(lookup, T).unwrap();
-                        let all = bs.allgather(round, &[bs.rank() as u8]).unwrap();
-                        all.iter().map(|v| v[0] as usize).sum()
-                    })
+    let sums: Vec<Vec<usize>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..world)
+            .map(|rank| {
+                s.spawn(move || {
+                    (0..2u64)
+                        .map(|round| {
+                            let lookup = env(&[
+                                ("MASTER_ADDR", "127.0.0.1".into()),
+                                ("MASTER_PORT", port.to_string()),
+                                ("RANK", rank.to_string()),
+                                ("WORLD_SIZE", world.to_string()),
+                                (
+                                    "TORCHELASTIC_RUN_ID",
+                                    format!("test-{}", std::process::id()),
+                                ),
+                                ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
+                            ]);
+                            let bs = Bootstrap::from_lookup(lookup, T).unwrap();
+                            let all = bs.allgather(round, &[bs.rank() as u8]).unwrap();
+                            all.iter().map(|v| v[0] as usize).sum()
+                        })
+                        .collect()
                 })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        assert_eq!(sums, vec![3; world], "round {round}");
-    }
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(sums, vec![vec![3, 3]; world]);
 }
