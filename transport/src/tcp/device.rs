@@ -26,9 +26,6 @@ use crate::transport::{OpFormatter, Transport, TransportConfig};
 /// Largest eager message: one round trip saved per small message, at the price of
 /// `depth * EAGER_MAX` bytes of slots per peer.
 pub const EAGER_MAX: usize = 4096;
-/// Payloads from this size apply what arrives while their send waits for room (a shorter one
-/// fits the socket's buffer and seldom waits).
-const DRAIN_MIN: usize = 64 << 10;
 /// Operation records this rank keeps for its own mismatch messages.
 const OP_HISTORY: usize = 8;
 /// Bootstrap tags of the set-up exchanges.
@@ -51,8 +48,6 @@ pub struct TcpDevice {
     inboxes: Vec<Vec<Arc<Mutex<Inbox>>>>,
     /// Connections per peer.
     nsocks: usize,
-    /// The sockets of every connection, watched while a large send waits for room.
-    fds: Vec<i32>,
     bell: Doorbell,
     window: HostBuffer,
     failed: AtomicBool,
@@ -187,7 +182,6 @@ pub fn connect_to(
         inboxes.push(mine);
         peers.push(Some(peer));
     }
-    let fds = watched.iter().map(|(fd, _)| *fd).collect();
     if !watched.is_empty() {
         let thread_bell = bell.clone();
         std::thread::Builder::new()
@@ -203,7 +197,6 @@ pub fn connect_to(
     Ok(Arc::new(TcpDevice {
         depth: cfg.fifo_depth,
         peers,
-        fds,
         inboxes,
         nsocks,
         bell,
@@ -362,18 +355,6 @@ impl TcpDevice {
         }
     }
 
-    /// Applies what has arrived on every connection while a send waits (inboxes busy with
-    /// the receiving thread are skipped); returns whether anything moved.
-    fn progress_all(&self) -> bool {
-        let mut moved = false;
-        for inbox in self.inboxes.iter().flatten() {
-            if let Ok(mut inbox) = inbox.try_lock() {
-                moved |= inbox.progress(true);
-            }
-        }
-        moved
-    }
-
     /// The state of `peer` after applying the complete small frames waiting in its socket,
     /// unless its receiving thread is at it (see [`super::reader`]).
     fn polled(&self, peer: usize) -> &Peer {
@@ -381,7 +362,7 @@ impl TcpDevice {
         p.mark_polled();
         for inbox in &self.inboxes[peer] {
             if let Ok(mut inbox) = inbox.try_lock() {
-                inbox.progress(false);
+                inbox.progress();
             }
         }
         p
@@ -458,15 +439,8 @@ impl RmaDevice for TcpDevice {
             h
         };
         let p = self.peer(peer);
-        // While this send waits for room, what arrives on any connection is applied.
-        let mut run = || self.progress_all();
-        let mut drain = stripe::Drain {
-            fds: &self.fds,
-            run: &mut run,
-        };
         if parts.len() == 1 {
-            let drain = (len >= DRAIN_MIN).then_some(&mut drain);
-            return p.send_draining(&frame(&parts[0]), payload, drain);
+            return p.send(&frame(&parts[0]), payload);
         }
         let heads: Vec<_> = parts.iter().map(|s| frame(s).encode()).collect();
         let payloads: Vec<&[u8]> = parts.iter().map(|&(o, l)| &payload[o..o + l]).collect();
@@ -479,7 +453,7 @@ impl RmaDevice for TcpDevice {
             )));
         };
         mask.fetch_or(used, Ordering::Relaxed);
-        p.send_striped(&heads, &payloads, &mut drain)
+        p.send_striped(&heads, &payloads)
     }
 
     unsafe fn read(

@@ -26,7 +26,7 @@ use std::sync::{Condvar, Mutex};
 use ampccl_runtime::{Error, Result};
 
 use super::frame::{HEADER, Header};
-use super::stripe::{Drain, Job, SendPath};
+use super::stripe::{Job, SendPath};
 use crate::device::{CtsEntry, EagerHeader};
 
 /// One eager slot: the inbox fills it while it is empty ([`EagerSlot::put`]), the protocol
@@ -245,30 +245,17 @@ impl Peer {
     /// Sends one frame: the deferred frames, the header, then `payload`, in one `sendmsg`
     /// where the socket takes it all (whole, or an error naming the peer).
     pub fn send(&self, h: &Header, payload: &[u8]) -> Result<()> {
-        self.send_draining(h, payload, None)
-    }
-
-    /// [`Peer::send`], applying what arrives meanwhile through `drain` if given.
-    pub fn send_draining(
-        &self,
-        h: &Header,
-        payload: &[u8],
-        drain: Option<&mut Drain<'_>>,
-    ) -> Result<()> {
         let mut out = lock(&self.out);
         let head = h.encode();
         let fd = out.stream.as_raw_fd();
-        let sent = self.path.send(
-            &mut [Job::new(
-                fd,
-                [
-                    IoSlice::new(&out.deferred),
-                    IoSlice::new(&head),
-                    IoSlice::new(payload),
-                ],
-            )],
-            drain,
-        );
+        let sent = self.path.send(&mut [Job::new(
+            fd,
+            [
+                IoSlice::new(&out.deferred),
+                IoSlice::new(&head),
+                IoSlice::new(payload),
+            ],
+        )]);
         out.deferred.clear();
         self.has_deferred.store(false, Ordering::Relaxed);
         sent.map_err(|e| self.lost(e))
@@ -314,7 +301,7 @@ impl Peer {
                 IoSlice::new(none),
                 IoSlice::new(none),
             ];
-            let _ = self.path.send(&mut [Job::new(fd, bufs)], None);
+            let _ = self.path.send(&mut [Job::new(fd, bufs)]);
             out.deferred.clear();
         }
     }
@@ -332,12 +319,7 @@ impl Peer {
 
     /// Sends the write frames `heads[i]` with `payloads[i]`, the first on connection 0 (after
     /// the deferred frames), the others on connections 1.., all at once.
-    pub fn send_striped(
-        &self,
-        heads: &[[u8; HEADER]],
-        payloads: &[&[u8]],
-        drain: &mut Drain<'_>,
-    ) -> Result<()> {
+    pub fn send_striped(&self, heads: &[[u8; HEADER]], payloads: &[&[u8]]) -> Result<()> {
         let mut out = lock(&self.out);
         let stripes: Vec<_> = self.stripes[..heads.len() - 1].iter().map(lock).collect();
         let mut jobs = Vec::with_capacity(heads.len());
@@ -359,7 +341,7 @@ impl Peer {
                 ],
             ));
         }
-        let sent = self.path.send(&mut jobs, Some(drain));
+        let sent = self.path.send(&mut jobs);
         drop(jobs);
         out.deferred.clear();
         self.has_deferred.store(false, Ordering::Relaxed);
@@ -373,7 +355,7 @@ impl Peer {
         let none: &[u8] = &[];
         let bufs = [IoSlice::new(none), IoSlice::new(&head), IoSlice::new(none)];
         self.path
-            .send(&mut [Job::new(s.as_raw_fd(), bufs)], None)
+            .send(&mut [Job::new(s.as_raw_fd(), bufs)])
             .map_err(|e| self.lost(e))
     }
 

@@ -236,32 +236,19 @@ impl Inbox {
         }
     }
 
-    /// The engine's share, on every poll of the device and while a send of its waits for room
-    /// (`sending`): applies whatever has arrived, without blocking (but for the rest of a read
-    /// response whose header came). While sending it leaves a read request where it is (its
-    /// answer would go out on a connection the send holds). Returns whether anything moved.
-    pub fn progress(&mut self, sending: bool) -> bool {
-        let mut moved = false;
+    /// The engine's share, on every poll of the device: applies whatever has arrived, without
+    /// blocking (but for the rest of a read response whose header came).
+    pub fn progress(&mut self) {
         loop {
-            if sending && self.next_is(Kind::ReadReq) {
-                return moved;
-            }
             match self.step() {
-                Ok(Step::Applied | Step::Moved) => moved = true,
-                Ok(Step::Idle) => return moved,
+                Ok(Step::Applied | Step::Moved) => {}
+                Ok(Step::Idle) => return,
                 Err(e) => {
                     self.break_with(e);
-                    return true;
+                    return;
                 }
             }
         }
-    }
-
-    /// Whether the next frame, already in the buffer, is of `kind`.
-    fn next_is(&self, kind: Kind) -> bool {
-        self.partial.is_none()
-            && self.buffered() >= HEADER
-            && self.buf[self.start..self.start + 4] == (kind as u32).to_le_bytes()
     }
 
     /// Records that the stream cannot be read any further and why (the peer is dead).
@@ -500,7 +487,7 @@ mod tests {
     fn pump(inbox: &mut Inbox, done: impl Fn(&Inbox) -> bool) {
         let t0 = std::time::Instant::now();
         while !done(inbox) && t0.elapsed() < std::time::Duration::from_secs(1) {
-            inbox.progress(false);
+            inbox.progress();
         }
     }
 
@@ -546,7 +533,7 @@ mod tests {
         for piece in bytes.chunks(7_919) {
             tx.write_all(piece).unwrap();
             tx.flush().unwrap();
-            inbox.progress(false);
+            inbox.progress();
         }
         pump(&mut inbox, |_| peer.imm[2].0.load(Ordering::Acquire) == 77);
         assert!(inbox.broken.is_none(), "{:?}", inbox.broken);

@@ -94,15 +94,6 @@ impl<'a> Job<'a> {
     }
 }
 
-/// What a send does while its sockets have no room: the sockets of the device's connections
-/// (`fds`) are watched too, and when one has something to read, `run` applies it (returning
-/// whether anything moved). Two ranks that send large payloads to each other at once then
-/// each drain the other's while waiting, instead of both waiting for a receiving thread.
-pub struct Drain<'a> {
-    pub fds: &'a [RawFd],
-    pub run: &'a mut dyn FnMut() -> bool,
-}
-
 /// `AMPCCL_TCP_IO`: how a device's frames leave.
 pub enum SendPath {
     /// `sendmsg` from the calling thread.
@@ -158,18 +149,18 @@ impl SendPath {
         }
     }
 
-    /// Sends every job whole (several at once), applying what arrives meanwhile through
-    /// `drain` if given; returns when every byte is sent and the memory is the caller's again.
-    pub fn send(&self, jobs: &mut [Job<'_>], drain: Option<&mut Drain<'_>>) -> std::io::Result<()> {
+    /// Sends every job whole (several at once); returns when every byte is sent and the
+    /// memory is the caller's again.
+    pub fn send(&self, jobs: &mut [Job<'_>]) -> std::io::Result<()> {
         #[cfg(feature = "io-uring")]
         if let SendPath::Uring(ring) = self
             && jobs.iter().map(Job::len).sum::<usize>() >= super::uring::ZC_MIN
         {
             return ring.send(jobs);
         }
-        match (jobs, drain) {
-            ([one], None) => send_blocking(one),
-            (jobs, drain) => send_parallel(jobs, drain),
+        match jobs {
+            [one] => send_blocking(one),
+            _ => send_parallel(jobs),
         }
     }
 }
@@ -185,11 +176,8 @@ fn send_blocking(job: &mut Job<'_>) -> std::io::Result<()> {
 
 /// Sends every job whole, all at once from this thread: each `sendmsg` takes what its socket
 /// has room for (`MSG_DONTWAIT`); when no socket took anything, waits in `poll` until one has
-/// room, or (with `drain`) until one of the watched sockets has something to read, which
-/// `drain` then applies. The first error ends it (the connection is lost).
-fn send_parallel(jobs: &mut [Job<'_>], mut drain: Option<&mut Drain<'_>>) -> std::io::Result<()> {
-    // Watched sockets that had nothing `drain` could apply are left alone until a send moves.
-    let mut watch = drain.is_some();
+/// room. The first error ends it (the connection is lost).
+fn send_parallel(jobs: &mut [Job<'_>]) -> std::io::Result<()> {
     loop {
         let mut moved = false;
         for job in jobs.iter_mut().filter(|j| !j.done()) {
@@ -199,44 +187,27 @@ fn send_parallel(jobs: &mut [Job<'_>], mut drain: Option<&mut Drain<'_>>) -> std
                 moved = true;
             }
         }
-        let sending = jobs.iter().filter(|j| !j.done()).count();
-        if sending == 0 {
-            return Ok(());
-        }
-        if moved {
-            watch = drain.is_some();
-            continue;
-        }
-        let mut fds: Vec<libc::pollfd> = jobs
+        let mut waiting: Vec<libc::pollfd> = jobs
             .iter()
             .filter(|j| !j.done())
-            .map(|j| (j.fd, libc::POLLOUT))
-            .chain(
-                drain
-                    .as_ref()
-                    .filter(|_| watch)
-                    .map_or(&[][..], |d| d.fds)
-                    .iter()
-                    .map(|&fd| (fd, libc::POLLIN)),
-            )
-            .map(|(fd, events)| libc::pollfd {
-                fd,
-                events,
+            .map(|j| libc::pollfd {
+                fd: j.fd,
+                events: libc::POLLOUT,
                 revents: 0,
             })
             .collect();
-        // SAFETY: `fds` holds `fds.len()` valid pollfds for the call.
-        let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as _, 1000) };
-        if r < 0 {
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-            continue;
+        if waiting.is_empty() {
+            return Ok(());
         }
-        let readable = fds[sending..].iter().any(|p| p.revents != 0);
-        if readable && let Some(d) = drain.as_mut() {
-            watch = (d.run)();
+        if !moved {
+            // SAFETY: `waiting` holds `waiting.len()` valid pollfds for the call.
+            let r = unsafe { libc::poll(waiting.as_mut_ptr(), waiting.len() as _, 1000) };
+            if r < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
         }
     }
 }
@@ -271,60 +242,6 @@ mod tests {
     use std::io::Read;
     use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsRawFd;
-
-    /// Two sides send each other more than the sockets hold, with nobody else reading: each
-    /// completes only by draining the other's bytes while it waits for room.
-    #[test]
-    fn sends_both_ways_drain_each_other() {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
-        let (b, _) = l.accept().unwrap();
-        let (done_tx, done_rx) = std::sync::mpsc::channel();
-        for s in [a, b] {
-            let done = done_tx.clone();
-            std::thread::spawn(move || {
-                let payload = vec![5u8; 16 << 20];
-                let mut got = 0usize;
-                let fd = s.as_raw_fd();
-                let mut run = || {
-                    let mut buf = vec![0u8; 1 << 20];
-                    match (&s).read(&mut buf) {
-                        Ok(n) => {
-                            got += n;
-                            n > 0
-                        }
-                        Err(_) => false,
-                    }
-                };
-                let fds = [fd];
-                let mut drain = Drain {
-                    fds: &fds,
-                    run: &mut run,
-                };
-                let none: &[u8] = &[];
-                let mut job = [Job::new(
-                    fd,
-                    [
-                        IoSlice::new(none),
-                        IoSlice::new(none),
-                        IoSlice::new(&payload),
-                    ],
-                )];
-                send_parallel(&mut job, Some(&mut drain)).unwrap();
-                // The rest of the other side's bytes, then the socket may close.
-                let mut buf = vec![0u8; 1 << 20];
-                while got < 16 << 20 {
-                    got += (&s).read(&mut buf).unwrap();
-                }
-                done.send(()).unwrap();
-            });
-        }
-        for _ in 0..2 {
-            done_rx
-                .recv_timeout(std::time::Duration::from_secs(20))
-                .expect("a send both ways did not complete: nothing drained the other side");
-        }
-    }
 
     #[test]
     fn the_send_path_is_epoll_or_uring() {
@@ -389,7 +306,7 @@ mod tests {
                 )
             })
             .collect();
-        send_parallel(&mut jobs, None).unwrap();
+        send_parallel(&mut jobs).unwrap();
         drop(jobs);
         drop(tx);
         for (i, r) in readers.into_iter().enumerate() {
