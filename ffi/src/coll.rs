@@ -11,7 +11,7 @@ use ampccl_native::op::OpKind;
 use ampccl_native::{DataType, OpSpec, RawOp, ReduceOp};
 
 use crate::comm::comm_ref;
-use crate::error::{FfiResult, guard, invalid};
+use crate::error::{FfiResult, guard_keep, invalid};
 use crate::group;
 use crate::stream::{Batch, submit};
 use crate::types::ampcclResult_t::{self, *};
@@ -87,7 +87,7 @@ pub unsafe extern "C" fn ampcclAllReduce(
     comm: ampcclComm_t,
     stream: ampcclStream_t,
 ) -> ampcclResult_t {
-    guard("ampcclAllReduce", || {
+    guard_keep("ampcclAllReduce", || {
         let spec = OpSpec::new(OpKind::AllReduce, count, dtype(datatype)?).op(redop(op)?);
         // SAFETY: forwarded from the caller.
         unsafe { issue(comm, stream, spec, sendbuff, recvbuff) }
@@ -108,7 +108,7 @@ pub unsafe extern "C" fn ampcclAllGather(
     comm: ampcclComm_t,
     stream: ampcclStream_t,
 ) -> ampcclResult_t {
-    guard("ampcclAllGather", || {
+    guard_keep("ampcclAllGather", || {
         let spec = OpSpec::new(OpKind::AllGather, sendcount, dtype(datatype)?);
         // SAFETY: forwarded from the caller.
         unsafe { issue(comm, stream, spec, sendbuff, recvbuff) }
@@ -130,7 +130,7 @@ pub unsafe extern "C" fn ampcclReduceScatter(
     comm: ampcclComm_t,
     stream: ampcclStream_t,
 ) -> ampcclResult_t {
-    guard("ampcclReduceScatter", || {
+    guard_keep("ampcclReduceScatter", || {
         let spec = OpSpec::new(OpKind::ReduceScatter, recvcount, dtype(datatype)?).op(redop(op)?);
         // SAFETY: forwarded from the caller.
         unsafe { issue(comm, stream, spec, sendbuff, recvbuff) }
@@ -152,7 +152,7 @@ pub unsafe extern "C" fn ampcclBroadcast(
     comm: ampcclComm_t,
     stream: ampcclStream_t,
 ) -> ampcclResult_t {
-    guard("ampcclBroadcast", || {
+    guard_keep("ampcclBroadcast", || {
         let spec =
             OpSpec::new(OpKind::Broadcast, count, dtype(datatype)?).root(rank_arg("root", root)?);
         // SAFETY: forwarded from the caller.
@@ -176,7 +176,7 @@ pub unsafe extern "C" fn ampcclReduce(
     comm: ampcclComm_t,
     stream: ampcclStream_t,
 ) -> ampcclResult_t {
-    guard("ampcclReduce", || {
+    guard_keep("ampcclReduce", || {
         let spec = OpSpec::new(OpKind::Reduce, count, dtype(datatype)?)
             .op(redop(op)?)
             .root(rank_arg("root", root)?);
@@ -199,7 +199,7 @@ pub unsafe extern "C" fn ampcclAlltoAll(
     comm: ampcclComm_t,
     stream: ampcclStream_t,
 ) -> ampcclResult_t {
-    guard("ampcclAlltoAll", || {
+    guard_keep("ampcclAlltoAll", || {
         let spec = OpSpec::new(OpKind::AllToAll, count, dtype(datatype)?);
         // SAFETY: forwarded from the caller.
         unsafe { issue(comm, stream, spec, sendbuff, recvbuff) }
@@ -220,7 +220,7 @@ pub unsafe extern "C" fn ampcclSend(
     comm: ampcclComm_t,
     stream: ampcclStream_t,
 ) -> ampcclResult_t {
-    guard("ampcclSend", || {
+    guard_keep("ampcclSend", || {
         let spec = OpSpec::new(OpKind::Send, count, dtype(datatype)?).root(rank_arg("peer", peer)?);
         // SAFETY: forwarded from the caller.
         unsafe { issue(comm, stream, spec, sendbuff, std::ptr::null_mut()) }
@@ -240,7 +240,7 @@ pub unsafe extern "C" fn ampcclRecv(
     comm: ampcclComm_t,
     stream: ampcclStream_t,
 ) -> ampcclResult_t {
-    guard("ampcclRecv", || {
+    guard_keep("ampcclRecv", || {
         let spec = OpSpec::new(OpKind::Recv, count, dtype(datatype)?).root(rank_arg("peer", peer)?);
         // SAFETY: forwarded from the caller.
         unsafe { issue(comm, stream, spec, std::ptr::null(), recvbuff) }

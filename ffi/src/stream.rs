@@ -14,7 +14,21 @@
 //! complete, `ampcclInProgress` while pending (CUDA says `cudaErrorNotReady`), or the error.
 //! The NULL stream of a collective call is the communicator's own default stream; it is not a
 //! C stream (waiting for it: `ampcclCommSynchronize`).
+//!
+//! **Waiting callers run their work.** A C program enqueues and then synchronizes in two
+//! calls. A single small operation (not a group, at most [`PARK_MAX_BYTES`] a rank) is
+//! therefore submitted *for a waiter* ([`Communicator::enqueue_raw_for_waiter`]): on an idle
+//! communicator its tasks are parked on the native stream instead of queued, nobody is woken,
+//! and the thread that synchronizes runs them itself, as the Rust blocking call does (see
+//! `ampccl_runtime::park`: one owner at a time, the engine thread only takes work nobody
+//! claimed within a millisecond or two). This thread remembers what it parked ([`PARKED`]): a
+//! synchronize runs what its events cover and first hands everything else it parked to the
+//! engine (so work of other communicators it waits on indirectly progresses); any other call
+//! (except recording an event and issuing more operations, whose ordering the native library
+//! takes care of) hands all of it to the engine. Everything else (groups, large operations,
+//! operations behind pending work) is queued and kicked as before.
 
+use std::cell::RefCell;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use ampccl_native::{Communicator, Event, RawOp, Stream};
@@ -51,14 +65,69 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Enqueues `b` on native stream `s` and makes sure it progresses.
-fn enqueue(s: &Stream, b: &Batch) -> FfiResult<Event> {
+/// Largest operation (bytes a rank, `count` elements) submitted for a waiter: above it the
+/// wake-up of the engine thread costs little next to the operation, and work enqueued to
+/// overlap with computation starts at once.
+pub(crate) const PARK_MAX_BYTES: usize = 256 << 10;
+
+thread_local! {
+    /// Native streams this thread parked work on (see the module documentation).
+    static PARKED: RefCell<Vec<Stream>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Hands everything this thread parked to the engines (every C ABI call but the synchronize
+/// calls, event records and operations does this first).
+pub(crate) fn flush_parked() {
+    let parked = PARKED.with(|p| {
+        let mut p = p.borrow_mut();
+        (!p.is_empty()).then(|| std::mem::take(&mut *p))
+    });
+    for s in parked.into_iter().flatten() {
+        s.unpark();
+    }
+}
+
+/// How many native streams hold work this thread parked (tests).
+#[cfg(test)]
+pub(crate) fn parked_by_this_thread() -> usize {
+    PARKED.with(|p| p.borrow().iter().filter(|s| s.has_parked()).count())
+}
+
+/// Enqueues `b` on native stream `s` and makes sure it progresses: parked for a waiter when
+/// `for_waiter` (see the module documentation), else queued and kicked.
+fn enqueue(s: &Stream, b: &Batch, for_waiter: bool) -> FfiResult<Event> {
     // SAFETY: the C caller guarantees the buffers stay valid until the operation completes
     // (NCCL's contract, documented on every collective in the header).
-    let ev = unsafe { b.comm.enqueue_raw(s, &b.ops)? };
-    s.kick();
+    let ev = unsafe {
+        if for_waiter {
+            b.comm.enqueue_raw_for_waiter(s, &b.ops)?
+        } else {
+            b.comm.enqueue_raw(s, &b.ops)?
+        }
+    };
+    if for_waiter && s.has_parked() {
+        PARKED.with(|p| {
+            let mut p = p.borrow_mut();
+            if !p.iter().any(|x| x.same_as(s)) {
+                p.push(s.clone());
+            }
+        });
+    } else {
+        s.kick();
+    }
     b.shared.note(ev.clone());
     Ok(ev)
+}
+
+/// Whether `batches` (one submission) may be parked for a waiter: one small operation.
+fn for_waiter(batches: &[Batch]) -> bool {
+    match batches {
+        [b] => match &b.ops[..] {
+            [op] => op.spec.count.saturating_mul(op.spec.dtype.size()) <= PARK_MAX_BYTES,
+            _ => false,
+        },
+        _ => false,
+    }
 }
 
 /// Submits `batches` to `stream` (NULL: each communicator's default stream).
@@ -66,11 +135,12 @@ fn enqueue(s: &Stream, b: &Batch) -> FfiResult<Event> {
 /// # Safety
 /// `stream` is NULL or a live handle.
 pub(crate) unsafe fn submit(stream: ampcclStream_t, batches: &[Batch]) -> FfiResult {
+    let park = for_waiter(batches);
     // SAFETY: forwarded from the caller.
     let Some(st) = (unsafe { stream.as_ref() }) else {
         let mut first = None;
         for b in batches {
-            if let Err(e) = enqueue(b.comm.default_stream(), b) {
+            if let Err(e) = enqueue(b.comm.default_stream(), b, park) {
                 first.get_or_insert(e);
             }
         }
@@ -93,9 +163,11 @@ pub(crate) unsafe fn submit(stream: ampcclStream_t, batches: &[Batch]) -> FfiRes
             s
         });
         for d in &before {
+            // Work parked before it (by any thread) must run for this one to start.
+            d.unpark();
             s.wait_event(d);
         }
-        match enqueue(&s, b) {
+        match enqueue(&s, b, park) {
             Ok(ev) => after.push(ev),
             Err(e) => {
                 first.get_or_insert(e);
@@ -123,8 +195,31 @@ fn status(events: &[Event]) -> Option<FfiResult> {
     Some(r)
 }
 
-/// Blocks until all of `events` are complete; returns the first error.
-fn wait(events: &[Event]) -> FfiResult<ampcclResult_t> {
+/// Blocks until all of `events` are complete, running the work this thread parked for them;
+/// returns the first error. What this thread parked elsewhere goes to the engines first: the
+/// waited work may depend on it (ranks of one process driven by one thread).
+pub(crate) fn wait(events: &[Event]) -> FfiResult<ampcclResult_t> {
+    let parked = PARKED.with(|p| {
+        let mut p = p.borrow_mut();
+        (!p.is_empty()).then(|| std::mem::take(&mut *p))
+    });
+    let mut covered = Vec::new();
+    for s in parked.into_iter().flatten() {
+        if events.iter().any(|e| e.is_on(&s)) {
+            covered.push(s);
+        } else {
+            s.unpark();
+        }
+    }
+    let r = wait_all(events);
+    // Work parked after the waited events (nothing waits for it now).
+    for s in covered {
+        s.unpark();
+    }
+    r
+}
+
+fn wait_all(events: &[Event]) -> FfiResult<ampcclResult_t> {
     let mut r = Ok(ampcclSuccess);
     for e in events {
         if let Err(x) = e.wait()
@@ -137,6 +232,10 @@ fn wait(events: &[Event]) -> FfiResult<ampcclResult_t> {
 }
 
 fn query(events: &[Event]) -> FfiResult<ampcclResult_t> {
+    // A query does not drive: parked work (of any thread) goes to the engine.
+    for e in events {
+        e.unpark();
+    }
     match status(events) {
         None => Ok(ampcclInProgress),
         Some(r) => r.map(|()| ampcclSuccess),

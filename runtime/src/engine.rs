@@ -6,6 +6,12 @@
 //! awaited future that could not finish inline), drives while no foreground thread waits.
 //! Idle drivers spin briefly, then yield, then sleep on the engine's [`Doorbell`], which peers
 //! ring when they write to us; so an oversubscribed machine is not burnt by spinning.
+//!
+//! The background thread sleeps on a private *kick bell* instead while it has nothing to drive
+//! (or stands back for a waiter): kicks ring it, peers' messages do not, so a peer pays no
+//! futex wake-up for a thread that would only go back to sleep. While streams park work for
+//! waiters it also *watches* them, waking every tick to hand work left parked to the queue
+//! (see [`crate::park`]).
 
 use std::task::Waker;
 use std::thread::JoinHandle;
@@ -27,11 +33,11 @@ use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, spin_hint
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(5);
 const YIELD: Duration = Duration::from_millis(2);
 /// Longest sleep of an idle driver (bounds how late timeouts and health checks run).
-const MAX_SLEEP: Duration = Duration::from_millis(20);
+pub(crate) const MAX_SLEEP: Duration = Duration::from_millis(20);
 
 pub(crate) struct EngineInner {
     /// The driver role and the list of streams.
-    streams: Mutex<Vec<Arc<StreamInner>>>,
+    pub(crate) streams: Mutex<Vec<Arc<StreamInner>>>,
     pub(crate) bell: Doorbell,
     /// Tasks enqueued and not yet finished, over all streams.
     pub(crate) pending: AtomicU64,
@@ -46,6 +52,14 @@ pub(crate) struct EngineInner {
     has_wakers: AtomicBool,
     background: Mutex<Option<JoinHandle<()>>>,
     stop: AtomicBool,
+    /// What the background thread sleeps on when it has nothing to drive (rung by kicks).
+    pub(crate) kick_bell: Doorbell,
+    /// Parking operations so far (see [`crate::park`]).
+    pub(crate) parks: AtomicU64,
+    /// The background thread watches parked work (see [`crate::park`]).
+    pub(crate) watching: AtomicBool,
+    /// Ticks of the watching background thread; parked work is stamped with it.
+    pub(crate) tick: AtomicU64,
 }
 
 /// Owner handle of an engine; dropping it stops the background thread.
@@ -70,6 +84,10 @@ impl Engine {
                 has_wakers: AtomicBool::new(false),
                 background: Mutex::new(None),
                 stop: AtomicBool::new(false),
+                kick_bell: Doorbell::new(),
+                parks: AtomicU64::new(0),
+                watching: AtomicBool::new(false),
+                tick: AtomicU64::new(0),
             }),
         }
     }
@@ -145,6 +163,7 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
+        self.inner.kick_bell.ring();
         self.inner.bell.ring();
         if let Some(h) = lock(&self.inner.background).take() {
             let _ = h.join();
@@ -246,7 +265,12 @@ impl EngineInner {
                 backoff.sleep(&self.bell, seen);
             }
         };
-        self.waiters.fetch_sub(1, Ordering::AcqRel);
+        if self.waiters.fetch_sub(1, Ordering::AcqRel) == 1
+            && self.pending.load(Ordering::Acquire) > 0
+        {
+            // The background thread stood back for us on its kick bell: work is left.
+            self.kick_bell.ring();
+        }
         out
     }
 
@@ -268,6 +292,7 @@ impl EngineInner {
     pub(crate) fn kick(self: &Arc<Self>) {
         #[cfg(not(ampccl_loom))]
         self.start_background();
+        self.kick_bell.ring();
         self.bell.ring();
     }
 
@@ -290,12 +315,16 @@ impl EngineInner {
     #[cfg(not(ampccl_loom))]
     fn background_loop(self: Arc<Self>) {
         let mut backoff = Backoff::new(self.spin());
+        let mut watch = crate::park::Watch::default();
         while !self.stop.load(Ordering::Acquire) {
             let seen = self.bell.seq();
+            // Read before `watch` looks at the parks: a park after that look rings it.
+            let kicked = self.kick_bell.seq();
+            let nap = self.watch(&mut watch);
             let work =
                 self.pending.load(Ordering::Acquire) > 0 || self.has_wakers.load(Ordering::Acquire);
             if !work || self.waiters.load(Ordering::Acquire) > 0 {
-                self.bell.sleep(seen, MAX_SLEEP);
+                self.kick_bell.sleep(kicked, nap);
                 continue;
             }
             if self.try_progress() {
@@ -306,13 +335,14 @@ impl EngineInner {
         }
     }
 
-    fn abort_with(&self, reason: Error) {
+    pub(crate) fn abort_with(&self, reason: Error) {
         let mut a = lock(&self.abort);
         if a.is_none() {
             *a = Some(reason);
         }
         drop(a);
         self.aborted.store(true, Ordering::Release);
+        self.kick_bell.ring();
         self.bell.ring();
     }
 }
