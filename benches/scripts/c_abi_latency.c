@@ -13,8 +13,11 @@
  *   two      allreduce on each of two streams of one communicator, then synchronize both
  *   twocomm  allreduce on each of two communicators (the second one a split), each on its own
  *            stream, then synchronize both
- * BYTES is the size of each allreduce; in two and twocomm an iteration is two of them. */
+ * BYTES is the size of each allreduce; in two and twocomm an iteration is two of them. Each
+ * rank pins itself to one CPU (rank modulo the CPUs it may use) as ampccl-perf's -g ranks do,
+ * so that two lock-step ranks never share a core; AMPCCL_PERF_PIN=0 turns it off. */
 #define _GNU_SOURCE
+#include <sched.h>
 #include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,6 +46,25 @@ static double now_us(void) {
   struct timespec t;
   clock_gettime(CLOCK_MONOTONIC, &t);
   return t.tv_sec * 1e6 + t.tv_nsec / 1e3;
+}
+
+/* Pins this process to the r-th CPU (modulo) of its affinity mask, as ampccl-perf -g does. */
+static void pin(int r) {
+  const char *off = getenv("AMPCCL_PERF_PIN");
+  cpu_set_t set;
+  if ((off && !strcmp(off, "0")) || sched_getaffinity(0, sizeof set, &set) != 0) return;
+  int n = CPU_COUNT(&set);
+  if (n == 0) return;
+  int k = r % n;
+  for (int c = 0; c < CPU_SETSIZE; c++) {
+    if (CPU_ISSET(c, &set) && k-- == 0) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(c, &one);
+      sched_setaffinity(0, sizeof one, &one);
+      return;
+    }
+  }
 }
 
 static int launch(int n, char **argv) {
@@ -124,6 +146,7 @@ int main(int argc, char **argv) {
   }
   rank = atoi(getenv("RANK"));
   int world = atoi(getenv("WORLD_SIZE"));
+  pin(rank);
   ampcclUniqueId id;
   CHECK(ampcclUniqueIdFromString(getenv("AMPCCL_UNIQUE_ID"), &id));
   ampcclComm_t c0, c1 = NULL;

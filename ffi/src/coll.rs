@@ -13,7 +13,7 @@ use ampccl_native::{DataType, OpSpec, RawOp, ReduceOp};
 use crate::comm::comm_ref;
 use crate::error::{FfiResult, guard_keep, invalid};
 use crate::group;
-use crate::stream::{Batch, submit};
+use crate::stream::{Batch, Ops, submit};
 use crate::types::ampcclResult_t::{self, *};
 use crate::types::*;
 
@@ -64,7 +64,7 @@ unsafe fn issue(
     let b = Batch {
         shared: h.shared.clone(),
         comm: c,
-        ops: vec![op],
+        ops: Ops::One(op),
     };
     // SAFETY: forwarded from the caller.
     unsafe { submit(stream, &[b])? };

@@ -42,7 +42,29 @@ use crate::types::{ampcclEvent, ampcclEvent_t, ampcclStream, ampcclStream_t};
 pub(crate) struct Batch {
     pub shared: Arc<CommShared>,
     pub comm: Communicator,
-    pub ops: Vec<RawOp>,
+    pub ops: Ops,
+}
+
+/// A batch's operations: one (a plain call, no allocation) or several (a group).
+pub(crate) enum Ops {
+    One(RawOp),
+    Many(Vec<RawOp>),
+}
+
+impl Ops {
+    pub(crate) fn as_slice(&self) -> &[RawOp] {
+        match self {
+            Ops::One(op) => std::slice::from_ref(op),
+            Ops::Many(v) => v,
+        }
+    }
+
+    pub(crate) fn push(&mut self, op: RawOp) {
+        match self {
+            Ops::One(first) => *self = Ops::Many(vec![*first, op]),
+            Ops::Many(v) => v.push(op),
+        }
+    }
 }
 
 #[derive(Default)]
@@ -51,6 +73,12 @@ struct Tail {
     deps: Vec<Event>,
     /// Native stream per communicator that used this C stream.
     bound: Vec<(Weak<CommShared>, Stream)>,
+}
+
+impl AsRef<[Event]> for Tail {
+    fn as_ref(&self) -> &[Event] {
+        &self.deps
+    }
 }
 
 /// State of a C stream.
@@ -78,13 +106,13 @@ thread_local! {
 /// Hands everything this thread parked to the engines (every C ABI call but the synchronize
 /// calls, event records and operations does this first).
 pub(crate) fn flush_parked() {
-    let parked = PARKED.with(|p| {
-        let mut p = p.borrow_mut();
-        (!p.is_empty()).then(|| std::mem::take(&mut *p))
+    // In place, keeping the list's memory (`unpark` does not come back here).
+    PARKED.with(|p| {
+        p.borrow_mut().retain(|s| {
+            s.unpark();
+            false
+        })
     });
-    for s in parked.into_iter().flatten() {
-        s.unpark();
-    }
 }
 
 /// How many native streams hold work this thread parked (tests).
@@ -100,9 +128,9 @@ fn enqueue(s: &Stream, b: &Batch, for_waiter: bool) -> FfiResult<Event> {
     // (NCCL's contract, documented on every collective in the header).
     let ev = unsafe {
         if for_waiter {
-            b.comm.enqueue_raw_for_waiter(s, &b.ops)?
+            b.comm.enqueue_raw_for_waiter(s, b.ops.as_slice())?
         } else {
-            b.comm.enqueue_raw(s, &b.ops)?
+            b.comm.enqueue_raw(s, b.ops.as_slice())?
         }
     };
     if for_waiter && s.has_parked() {
@@ -112,7 +140,7 @@ fn enqueue(s: &Stream, b: &Batch, for_waiter: bool) -> FfiResult<Event> {
                 p.push(s.clone());
             }
         });
-    } else {
+    } else if !(for_waiter && ev.is_done()) {
         s.kick();
     }
     b.shared.note(ev.clone());
@@ -122,7 +150,7 @@ fn enqueue(s: &Stream, b: &Batch, for_waiter: bool) -> FfiResult<Event> {
 /// Whether `batches` (one submission) may be parked for a waiter: one small operation.
 fn for_waiter(batches: &[Batch]) -> bool {
     match batches {
-        [b] => match &b.ops[..] {
+        [b] => match b.ops.as_slice() {
             [op] => op.spec.count.saturating_mul(op.spec.dtype.size()) <= PARK_MAX_BYTES,
             _ => false,
         },
@@ -146,39 +174,41 @@ pub(crate) unsafe fn submit(stream: ampcclStream_t, batches: &[Batch]) -> FfiRes
         }
         return first.map_or(Ok(()), Err);
     };
-    let mut tail = lock(&st.inner.0);
+    let mut guard = lock(&st.inner.0);
+    let tail = &mut *guard;
     tail.bound.retain(|(w, _)| w.strong_count() > 0);
     let before: Vec<Event> = tail.deps.iter().filter(|e| !e.is_done()).cloned().collect();
-    let mut after = Vec::with_capacity(batches.len());
+    // The new events go after the old ones, which then make room (the list keeps its memory).
+    let old = tail.deps.len();
     let mut first = None;
     for b in batches {
         let found = tail
             .bound
             .iter()
-            .find(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&b.shared)))
-            .map(|(_, s)| s.clone());
-        let s = found.unwrap_or_else(|| {
-            let s = b.comm.stream();
-            tail.bound.push((Arc::downgrade(&b.shared), s.clone()));
-            s
+            .position(|(w, _)| std::ptr::eq(w.as_ptr(), Arc::as_ptr(&b.shared)));
+        let i = found.unwrap_or_else(|| {
+            tail.bound
+                .push((Arc::downgrade(&b.shared), b.comm.stream()));
+            tail.bound.len() - 1
         });
+        let s = &tail.bound[i].1;
         for d in &before {
             // Work parked before it (by any thread) must run for this one to start.
             d.unpark();
             s.wait_event(d);
         }
-        match enqueue(&s, b, park) {
-            Ok(ev) => after.push(ev),
+        match enqueue(s, b, park) {
+            Ok(ev) => tail.deps.push(ev),
             Err(e) => {
                 first.get_or_insert(e);
             }
         }
     }
-    if first.is_some() {
-        after.extend(before);
-    }
-    if !after.is_empty() {
-        tail.deps = after;
+    if tail.deps.len() > old {
+        tail.deps.drain(..old);
+        if first.is_some() {
+            tail.deps.extend(before);
+        }
     }
     first.map_or(Ok(()), Err)
 }
@@ -199,23 +229,18 @@ fn status(events: &[Event]) -> Option<FfiResult> {
 /// returns the first error. What this thread parked elsewhere goes to the engines first: the
 /// waited work may depend on it (ranks of one process driven by one thread).
 pub(crate) fn wait(events: &[Event]) -> FfiResult<ampcclResult_t> {
-    let parked = PARKED.with(|p| {
-        let mut p = p.borrow_mut();
-        (!p.is_empty()).then(|| std::mem::take(&mut *p))
+    // In place (`unpark` does not come back here): keep what the events cover.
+    PARKED.with(|p| {
+        p.borrow_mut().retain(|s| {
+            events.iter().any(|e| e.is_on(s)) || {
+                s.unpark();
+                false
+            }
+        })
     });
-    let mut covered = Vec::new();
-    for s in parked.into_iter().flatten() {
-        if events.iter().any(|e| e.is_on(&s)) {
-            covered.push(s);
-        } else {
-            s.unpark();
-        }
-    }
     let r = wait_all(events);
-    // Work parked after the waited events (nothing waits for it now).
-    for s in covered {
-        s.unpark();
-    }
+    // Work parked after the waited events, if any: nothing waits for it now.
+    flush_parked();
     r
 }
 
@@ -267,6 +292,23 @@ fn deps(s: &ampcclStream) -> Vec<Event> {
     lock(&s.inner.0).deps.clone()
 }
 
+/// `f(events)` on a copy of `events` taken under `m`'s lock (no allocation for one event).
+fn with_copy<R>(m: &Mutex<impl AsRef<[Event]>>, f: impl FnOnce(&[Event]) -> R) -> R {
+    let g = lock(m);
+    match g.as_ref() {
+        [one] => {
+            let one = one.clone();
+            drop(g);
+            f(std::slice::from_ref(&one))
+        }
+        all => {
+            let all = all.to_vec();
+            drop(g);
+            f(&all)
+        }
+    }
+}
+
 /// A new, unbound stream handle.
 pub(crate) fn new_stream() -> ampcclStream_t {
     Box::into_raw(Box::new(ampcclStream {
@@ -283,7 +325,7 @@ pub(crate) fn new_event() -> ampcclEvent_t {
 
 /// `ampcclStreamSynchronize`.
 pub(crate) fn stream_synchronize(s: &ampcclStream) -> FfiResult<ampcclResult_t> {
-    wait(&deps(s))
+    with_copy(&s.inner.0, wait)
 }
 
 /// `ampcclStreamQuery`.
@@ -293,14 +335,18 @@ pub(crate) fn stream_query(s: &ampcclStream) -> FfiResult<ampcclResult_t> {
 
 /// `ampcclEventRecord`.
 pub(crate) fn event_record(e: &ampcclEvent, s: &ampcclStream) -> ampcclResult_t {
-    *lock(&e.inner.0) = deps(s);
+    // Nested locks, stream then event (nothing takes them the other way round); the event's
+    // list keeps its memory.
+    let tail = lock(&s.inner.0);
+    let mut ev = lock(&e.inner.0);
+    ev.clear();
+    ev.extend(tail.deps.iter().cloned());
     ampcclSuccess
 }
 
 /// `ampcclEventSynchronize`.
 pub(crate) fn event_synchronize(e: &ampcclEvent) -> FfiResult<ampcclResult_t> {
-    let evs = lock(&e.inner.0).clone();
-    wait(&evs)
+    with_copy(&e.inner.0, wait)
 }
 
 /// `ampcclEventQuery`.

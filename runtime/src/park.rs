@@ -19,8 +19,8 @@
 //!   callers that will not wait for them (a future's poll, the C ABI before it waits for other
 //!   work or on any other call);
 //! - the engine's background thread, *watching* while parking goes on, moves tasks parked for
-//!   more than a tick ([`WATCH_TICK`]) to the queue and drives them: work nobody waits for
-//!   still runs, a tick or two late.
+//!   more than a tick ([`WATCH_TICK`], longer while waiters claim everything) to the queue and
+//!   drives them: work nobody waits for still runs, a tick or two late (2 to 16 ms).
 //!
 //! Parking wakes nobody. The watching background thread sleeps a tick at a time on the
 //! engine's private kick bell, which peers do not ring. It starts watching when parking starts
@@ -35,6 +35,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use crate::engine::{EngineInner, MAX_SLEEP};
@@ -44,8 +45,11 @@ use crate::sync::{MutexGuard, Ordering};
 use crate::task::Task;
 
 /// How often a watching background thread looks at parked work; work parked for more than one
-/// tick (so between one and two) goes to the queue.
+/// tick (so between one and two) goes to the queue. While waiters claim all parked work, the
+/// tick doubles up to [`WATCH_TICK_MAX`]; it is back to this once work had to be taken over.
 pub const WATCH_TICK: Duration = Duration::from_millis(1);
+/// Longest tick of a watching background thread.
+pub const WATCH_TICK_MAX: Duration = Duration::from_millis(8);
 /// Ticks without a new park after which the background thread stops watching.
 pub const WATCH_LINGER: u32 = 100;
 
@@ -90,8 +94,10 @@ impl Stream {
         })
     }
 
-    /// Holds `task` for a waiter (the stream is parking).
-    pub(crate) fn park(&self, task: Task) {
+    /// Holds `task` for a waiter (the stream is parking). Until one is held, tasks are polled
+    /// once first, as an inline stream would: what can finish at once (a send into a free
+    /// slot) does, so the peer gets it as early as from a blocking call.
+    pub(crate) fn park(&self, mut task: Task) {
         let inner = &*self.inner;
         let mut p = lock(&inner.parked);
         inner.enqueued.fetch_add(1, Ordering::AcqRel);
@@ -100,6 +106,21 @@ impl Stream {
             return;
         }
         if p.tasks.is_empty() {
+            match task.poll() {
+                Poll::Ready(Ok(())) => {
+                    inner.completed.fetch_add(1, Ordering::Release);
+                    return;
+                }
+                Poll::Ready(Err(e)) => {
+                    // As a queued task's failure (see `run_parked`).
+                    inner.record_failure(e.clone());
+                    inner.completed.fetch_add(1, Ordering::Release);
+                    drop(p);
+                    self.engine.abort_with(e);
+                    return;
+                }
+                Poll::Pending => {}
+            }
             p.tick = self.engine.tick.load(Ordering::Relaxed);
             inner.has_parked.store(true, Ordering::Release);
         }
@@ -208,6 +229,8 @@ pub(crate) struct Watch {
     quiet: u32,
     /// When the next tick is due.
     next: Option<Instant>,
+    /// The current tick's length (see [`WATCH_TICK`]).
+    len: Duration,
 }
 
 impl EngineInner {
@@ -238,15 +261,24 @@ impl EngineInner {
         {
             return t - now;
         }
-        w.next = Some(now + WATCH_TICK);
         let tick = self.tick.fetch_add(1, Ordering::Relaxed) + 1;
-        let still_parked = self.flush_stale(tick);
+        let (moved, left) = self.flush_stale(tick);
+        // Waiters claimed everything: look less often (each look takes the core from them).
+        w.len = if moved {
+            WATCH_TICK
+        } else if left {
+            w.len.max(WATCH_TICK)
+        } else {
+            (w.len * 2).clamp(WATCH_TICK, WATCH_TICK_MAX)
+        };
+        w.next = Some(now + w.len);
         w.quiet = w.quiet.saturating_add(1);
-        if w.quiet > WATCH_LINGER && !still_parked && self.stop_watching(w.parks) {
+        if w.quiet > WATCH_LINGER && !left && self.stop_watching(w.parks) {
             w.next = None;
+            w.len = WATCH_TICK;
             return MAX_SLEEP;
         }
-        WATCH_TICK
+        w.len
     }
 
     /// Stops watching unless a park came after `seen` (the watcher's half of the hand-over).
@@ -259,13 +291,13 @@ impl EngineInner {
         true
     }
 
-    /// Moves work parked before tick `tick - 1` to the queues; returns whether any stream still
-    /// holds parked work (or could not be looked at).
-    pub(crate) fn flush_stale(&self, tick: u64) -> bool {
+    /// Moves work parked before tick `tick - 1` to the queues; returns whether it moved any,
+    /// and whether any stream still holds parked work (or could not be looked at).
+    pub(crate) fn flush_stale(&self, tick: u64) -> (bool, bool) {
         let Ok(streams) = self.streams.try_lock() else {
-            return true;
+            return (false, true);
         };
-        let mut left = false;
+        let (mut moved, mut left) = (false, false);
         for s in streams.iter() {
             if !s.has_parked.load(Ordering::Acquire) {
                 continue;
@@ -278,12 +310,12 @@ impl EngineInner {
                 continue;
             }
             if p.tick + 2 <= tick {
-                to_queue(s, self, &mut p);
+                moved |= to_queue(s, self, &mut p) > 0;
             } else {
                 left = true;
             }
         }
-        left
+        (moved, left)
     }
 }
 
@@ -307,15 +339,21 @@ mod loom_tests {
                 let _g = s.park_while_idle().expect("idle");
                 for want in 0..2usize {
                     let st = step.clone();
+                    // The first poll (at park time) finds it not ready: it stays parked.
+                    let mut polled = false;
                     // SAFETY: no pointers.
                     unsafe {
                         s.enqueue(Task::Callback(Box::new(move || {
+                            if !std::mem::replace(&mut polled, true) {
+                                return Poll::Pending;
+                            }
                             assert_eq!(st.fetch_add(1, Ordering::SeqCst), want, "order");
                             Poll::Ready(Ok(()))
                         })))
                     };
                 }
             }
+            assert!(s.has_parked());
             let ev = s.record();
             let (s2, ev2) = (s.clone(), ev.clone());
             let watcher = loom::thread::spawn(move || {

@@ -393,6 +393,9 @@ impl Event {
         }
         if self.stream.has_parked.load(Ordering::Acquire) {
             crate::park::run_parked(&self.stream, &self.engine, self.seq);
+            if let Some(r) = self.status() {
+                return r;
+            }
         }
         self.engine.wait_until(|| self.status())
     }
