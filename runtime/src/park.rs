@@ -26,9 +26,9 @@
 //! engine's private kick bell, which peers do not ring. It starts watching when parking starts
 //! ([`EngineInner::note_parked`] kicks it only if it is not watching already) and stops
 //! [`WATCH_LINGER`] ticks after the last park. The hand-over is Dekker's pattern on `parks` and
-//! `watching` (both sequentially consistent, modelled under loom below): either the watcher
-//! sees the new park, or the parker sees that it stopped and rings the kick bell, which ends
-//! the sleep the watcher is about to start.
+//! `watching` (both sides read-modify-write `parks`, modelled under loom below): either the
+//! watcher sees the new park, or the parker sees that it stopped and rings the kick bell, which
+//! ends the sleep the watcher is about to start.
 //!
 //! A parked task that fails fails its stream (sticky, like any task) and aborts the engine, as
 //! the engine does when a queued task fails; an abort fails parked tasks nobody is running.
@@ -284,7 +284,10 @@ impl EngineInner {
     /// Stops watching unless a park came after `seen` (the watcher's half of the hand-over).
     pub(crate) fn stop_watching(&self, seen: u64) -> bool {
         self.watching.store(false, Ordering::SeqCst);
-        if self.parks.load(Ordering::SeqCst) != seen {
+        // A read-modify-write, not a load: ordered with the parker's increment in `parks`'s
+        // modification order, so either it reads the park or the parker reads `watching`
+        // false (Dekker's pattern without relying on SeqCst loads, which loom does not model).
+        if self.parks.fetch_add(0, Ordering::SeqCst) != seen {
             self.watching.store(true, Ordering::SeqCst);
             return false;
         }
