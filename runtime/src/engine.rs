@@ -7,9 +7,10 @@
 //! Idle drivers spin briefly, then yield, then sleep on the engine's [`Doorbell`], which peers
 //! ring when they write to us; so an oversubscribed machine is not burnt by spinning.
 //!
-//! The background thread sleeps on a private *kick bell* instead while it has nothing to drive
-//! (or stands back for a waiter): kicks ring it, peers' messages do not, so a peer pays no
-//! futex wake-up for a thread that would only go back to sleep. While streams park work for
+//! The background thread sleeps on a private *kick bell* instead while it has nothing to drive:
+//! kicks ring it, peers' messages do not, so a peer pays no futex wake-up for a thread that
+//! would only go back to sleep. (While it stands back for a waiter with work queued it sleeps
+//! on the doorbell, and so resumes as soon as the waiter leaves work behind.) While streams park work for
 //! waiters it also *watches* them, waking every tick to hand work left parked to the queue
 //! (see [`crate::park`]).
 
@@ -265,12 +266,7 @@ impl EngineInner {
                 backoff.sleep(&self.bell, seen);
             }
         };
-        if self.waiters.fetch_sub(1, Ordering::AcqRel) == 1
-            && self.pending.load(Ordering::Acquire) > 0
-        {
-            // The background thread stood back for us on its kick bell: work is left.
-            self.kick_bell.ring();
-        }
+        self.waiters.fetch_sub(1, Ordering::AcqRel);
         out
     }
 
@@ -323,8 +319,15 @@ impl EngineInner {
             let nap = self.watch(&mut watch);
             let work =
                 self.pending.load(Ordering::Acquire) > 0 || self.has_wakers.load(Ordering::Acquire);
-            if !work || self.waiters.load(Ordering::Acquire) > 0 {
+            if !work {
+                // Nothing to drive: only a kick (or the watch's next tick) brings work.
                 self.kick_bell.sleep(kicked, nap);
+                continue;
+            }
+            if self.waiters.load(Ordering::Acquire) > 0 {
+                // Standing back for a waiter: peers' messages wake us to look again, so that
+                // work the waiter leaves behind goes on at once.
+                self.bell.sleep(seen, nap);
                 continue;
             }
             if self.try_progress() {
