@@ -289,7 +289,8 @@ fn waiters_and_the_engine_thread_run_parked_work_once() {
             let mut buf = [r as f32 + 1.0; 7];
             assert_eq!(allreduce(&mut buf, c, s.0), ampcclSuccess);
             // Sometimes nobody waits for a while: the engine thread takes the work over
-            // (after one or two ticks of the engine's watch); sometimes another thread waits for it too.
+            // (after one or two ticks of the engine's watch); sometimes another thread waits
+            // for it too.
             match i % 4 {
                 0 => std::thread::sleep(Duration::from_micros(300 * (i % 9))),
                 1 => {

@@ -21,7 +21,7 @@
 //! communicator its tasks are parked on the native stream instead of queued, nobody is woken,
 //! and the thread that synchronizes runs them itself, as the Rust blocking call does (see
 //! `ampccl_runtime::park`: one owner at a time, the engine thread only takes work nobody
-//! claimed within a millisecond or two). This thread remembers what it parked ([`PARKED`]): a
+//! claimed within 2 to 16 ms). This thread remembers what it parked ([`PARKED`]): a
 //! synchronize runs what its events cover and first hands everything else it parked to the
 //! engine (so work of other communicators it waits on indirectly progresses); any other call
 //! (except recording an event and issuing more operations, whose ordering the native library

@@ -10,9 +10,9 @@
 //! The background thread sleeps on a private *kick bell* instead while it has nothing to drive:
 //! kicks ring it, peers' messages do not, so a peer pays no futex wake-up for a thread that
 //! would only go back to sleep. (While it stands back for a waiter with work queued it sleeps
-//! on the doorbell, and so resumes as soon as the waiter leaves work behind.) While streams park work for
-//! waiters it also *watches* them, waking every tick to hand work left parked to the queue
-//! (see [`crate::park`]).
+//! on the doorbell, and so resumes as soon as the waiter leaves work behind.) While streams
+//! park work for waiters it also *watches* them, waking every tick to hand work left parked
+//! to the queue (see [`crate::park`]).
 
 use std::task::Waker;
 use std::thread::JoinHandle;

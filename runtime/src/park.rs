@@ -7,6 +7,9 @@
 //! ([`Stream::park_while_idle`]: only an idle stream, only an algorithm whose tasks all go to
 //! that stream). Its tasks are counted as enqueued (events recorded after them cover them) but
 //! held in the stream's `parked` list, out of the queue the engine drives, and nobody is woken.
+//! Until one is held, each task is polled once as it comes, as an inline stream would: what can
+//! finish at once (a send into a free slot) does, so the peer gets it as early as from a
+//! blocking call.
 //!
 //! Whoever holds the `parked` lock owns the tasks, one owner at a time:
 //! - a waiter whose event covers them ([`Event::wait`](crate::stream::Event::wait)) runs them
@@ -15,9 +18,11 @@
 //!   that nothing is enqueued behind them meanwhile; parked tasks after its event go to the
 //!   queue;
 //! - [`Stream::unpark`] moves them to the queue (they are the stream's whole backlog: it was
-//!   idle) and kicks the engine. Enqueueing other work on the stream does so first, and so do
-//!   callers that will not wait for them (a future's poll, the C ABI before it waits for other
-//!   work or on any other call);
+//!   idle) and kicks the engine, for callers that will not wait for them (a future's poll, a
+//!   query, the next operation of the communicator on another stream, the C ABI before it
+//!   waits for other work or on any other call); it leaves tasks a waiter is running to it.
+//!   Enqueueing other work on the stream moves them first too, waiting for a running waiter
+//!   to finish, so nothing overtakes them;
 //! - the engine's background thread, *watching* while parking goes on, moves tasks parked for
 //!   more than a tick ([`WATCH_TICK`], longer while waiters claim everything) to the queue and
 //!   drives them: work nobody waits for still runs, a tick or two late (2 to 16 ms).
@@ -128,9 +133,9 @@ impl Stream {
     }
 
     /// Hands the parked tasks, if any, to the engine (the queue) and kicks it; returns whether
-    /// there were any. Waits while a waiter is running them.
+    /// there were any. Tasks a waiter is running are left to it (they progress).
     pub fn unpark(&self) -> bool {
-        unpark(&self.inner, &self.engine, true)
+        unpark(&self.inner, &self.engine, false)
     }
 
     /// True while tasks are parked on this stream.

@@ -245,8 +245,9 @@ impl Stream {
             return self.park(task);
         }
         if self.inner.has_parked.load(Ordering::Acquire) {
-            // Parked tasks come first: into the queue with them, the engine runs them next.
-            self.unpark();
+            // Parked tasks come first: into the queue with them (after a waiter running them
+            // finished), the engine runs them next.
+            crate::park::unpark(&self.inner, &self.engine, true);
         }
         let mut q = lock(&self.inner.queue);
         if self.inner.failed.load(Ordering::Acquire) {
@@ -409,7 +410,7 @@ impl Event {
     /// Hands work parked on this event's stream to the engine (see [`Stream::unpark`]), for a
     /// caller that will not wait for it itself.
     pub fn unpark(&self) {
-        crate::park::unpark(&self.stream, &self.engine, true);
+        crate::park::unpark(&self.stream, &self.engine, false);
     }
 
     /// True when the event is a point of stream `s`.
@@ -432,7 +433,7 @@ impl Future for Event {
             return Poll::Ready(r);
         }
         // A future does not block: parked work goes to the engine.
-        crate::park::unpark(&self.stream, &self.engine, true);
+        crate::park::unpark(&self.stream, &self.engine, false);
         self.engine.try_progress();
         if let Some(r) = self.status() {
             return Poll::Ready(r);
