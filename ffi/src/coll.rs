@@ -56,11 +56,13 @@ unsafe fn issue(
         send: send.cast(),
         recv: recv.cast(),
     };
-    c.check_raw(&op)?;
     if group::active() {
+        // Submitted at the group's end: refuse bad arguments here, at the call that made them.
+        c.check_raw(&op)?;
         group::push(h.shared.clone(), c, stream, op);
         return Ok(ampcclSuccess);
     }
+    // Submitted now: the submission makes the same checks before it queues anything.
     let b = Batch {
         shared: h.shared.clone(),
         comm: c,
