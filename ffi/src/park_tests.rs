@@ -233,12 +233,12 @@ fn a_failing_parked_operation_reports_at_the_synchronize() {
     }
 }
 
-#[test]
-fn a_parked_operation_without_its_peer_times_out_at_the_synchronize() {
+/// Two ranks of a new communicator with `timeoutS` = `timeout`, each initialized on its thread.
+fn two_ranks_with_timeout(timeout: i32) -> Vec<H<ampcclComm_t>> {
     let mut id = ampcclUniqueId { internal: [0; 128] };
     // SAFETY: writable.
     assert_eq!(unsafe { ampcclGetUniqueId(&mut id) }, ampcclSuccess);
-    let comms: Vec<H<ampcclComm_t>> = (0..2)
+    (0..2)
         .map(|r| {
             std::thread::spawn(move || {
                 let mut cfg = ampcclConfig_t {
@@ -248,7 +248,7 @@ fn a_parked_operation_without_its_peer_times_out_at_the_synchronize() {
                     blocking: 1,
                     splitShare: i32::MIN,
                     commName: std::ptr::null(),
-                    timeoutS: 1,
+                    timeoutS: timeout,
                 };
                 let mut c = null_mut();
                 // SAFETY: valid pointers.
@@ -260,7 +260,48 @@ fn a_parked_operation_without_its_peer_times_out_at_the_synchronize() {
         .collect::<Vec<_>>()
         .into_iter()
         .map(|h| h.join().unwrap())
-        .collect();
+        .collect()
+}
+
+#[test]
+fn an_abort_stops_a_waiter_running_parked_work() {
+    let comms = two_ranks_with_timeout(60);
+    let c0 = comms[0];
+    // Rank 0 alone: its waiter runs the parked operation, which waits for rank 1.
+    let waiter = std::thread::spawn(move || {
+        let c0 = c0;
+        let s = new_stream();
+        let mut buf = [1.0f32; 2];
+        assert_eq!(allreduce(&mut buf, c0.0, s), ampcclSuccess);
+        assert_eq!(parked_by_this_thread(), 1);
+        // SAFETY: a live stream.
+        let r = unsafe { ampcclStreamSynchronize(s) };
+        (r, std::time::Instant::now())
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    // SAFETY: a live handle.
+    assert_eq!(unsafe { ampcclCommAbort(comms[0].0) }, ampcclSuccess);
+    let returned = std::time::Instant::now();
+    let (r, stopped) = waiter.join().unwrap();
+    assert_ne!(r, ampcclSuccess);
+    // The waiter stopped at the abort, not at the 60 s timeout.
+    assert!(
+        stopped <= returned + Duration::from_secs(1),
+        "{:?}",
+        stopped - returned
+    );
+    for c in comms {
+        // SAFETY: live handles, each destroyed once.
+        unsafe {
+            assert_eq!(ampcclCommAbort(c.0), ampcclSuccess);
+            assert_eq!(ampcclCommDestroy(c.0), ampcclSuccess);
+        }
+    }
+}
+
+#[test]
+fn a_parked_operation_without_its_peer_times_out_at_the_synchronize() {
+    let comms = two_ranks_with_timeout(1);
     // Rank 0 alone: its operation waits for rank 1 until the communicator's timeout.
     let s = new_stream();
     let mut buf = [1.0f32; 2];

@@ -61,6 +61,8 @@ pub(crate) struct EngineInner {
     pub(crate) watching: AtomicBool,
     /// Ticks of the watching background thread; parked work is stamped with it.
     pub(crate) tick: AtomicU64,
+    /// Waiters running parked work (see [`crate::park`]; [`Engine::abort`] waits for them).
+    pub(crate) runners: AtomicUsize,
 }
 
 /// Owner handle of an engine; dropping it stops the background thread.
@@ -89,6 +91,7 @@ impl Engine {
                 parks: AtomicU64::new(0),
                 watching: AtomicBool::new(false),
                 tick: AtomicU64::new(0),
+                runners: AtomicUsize::new(0),
             }),
         }
     }
@@ -135,8 +138,15 @@ impl Engine {
             if let Ok(streams) = self.inner.streams.try_lock() {
                 drop(streams);
                 self.inner.try_progress();
+                break;
+            }
+            if t0.elapsed() > Duration::from_secs(2) {
                 return;
             }
+            crate::sync::thread::yield_now();
+        }
+        // Waiters running parked work see the abort at their next poll and stop.
+        while self.inner.runners.load(Ordering::Acquire) > 0 {
             if t0.elapsed() > Duration::from_secs(2) {
                 return;
             }

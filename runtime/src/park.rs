@@ -36,7 +36,10 @@
 //! ends the sleep the watcher is about to start.
 //!
 //! A parked task that fails fails its stream (sticky, like any task) and aborts the engine, as
-//! the engine does when a queued task fails; an abort fails parked tasks nobody is running.
+//! the engine does when a queued task fails; an abort fails parked tasks nobody is running, and
+//! [`Engine::abort`](crate::engine::Engine::abort) waits (up to its 2 s bound) for waiters
+//! running parked tasks to see it and stop, so that no task touches the application's buffers
+//! after it returns, as for queued tasks.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -181,6 +184,15 @@ pub(crate) fn unpark(s: &StreamInner, engine: &Arc<EngineInner>, block: bool) ->
 /// Runs the tasks parked on `s` up to position `upto` on this thread (see the module
 /// documentation); the ones after it go to the queue.
 pub(crate) fn run_parked(s: &StreamInner, engine: &Arc<EngineInner>, upto: u64) {
+    /// Counts this waiter in `runners` while it lives.
+    struct Running<'a>(&'a EngineInner);
+    impl Drop for Running<'_> {
+        fn drop(&mut self) {
+            self.0.runners.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+    engine.runners.fetch_add(1, Ordering::AcqRel);
+    let _running = Running(engine);
     let mut p = lock(&s.parked);
     while s.completed.load(Ordering::Acquire) < upto {
         let Some(task) = p.tasks.pop_front() else {
