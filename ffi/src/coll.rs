@@ -11,9 +11,9 @@ use ampccl_native::op::OpKind;
 use ampccl_native::{DataType, OpSpec, RawOp, ReduceOp};
 
 use crate::comm::comm_ref;
-use crate::error::{FfiResult, guard, invalid};
+use crate::error::{FfiResult, guard_keep, invalid};
 use crate::group;
-use crate::stream::{Batch, submit};
+use crate::stream::{Batch, Ops, submit};
 use crate::types::ampcclResult_t::{self, *};
 use crate::types::*;
 
@@ -56,15 +56,17 @@ unsafe fn issue(
         send: send.cast(),
         recv: recv.cast(),
     };
-    c.check_raw(&op)?;
     if group::active() {
+        // Submitted at the group's end: refuse bad arguments here, at the call that made them.
+        c.check_raw(&op)?;
         group::push(h.shared.clone(), c, stream, op);
         return Ok(ampcclSuccess);
     }
+    // Submitted now: the submission makes the same checks before it queues anything.
     let b = Batch {
         shared: h.shared.clone(),
         comm: c,
-        ops: vec![op],
+        ops: Ops::One(op),
     };
     // SAFETY: forwarded from the caller.
     unsafe { submit(stream, &[b])? };
@@ -87,7 +89,7 @@ pub unsafe extern "C" fn ampcclAllReduce(
     comm: ampcclComm_t,
     stream: ampcclStream_t,
 ) -> ampcclResult_t {
-    guard("ampcclAllReduce", || {
+    guard_keep("ampcclAllReduce", || {
         let spec = OpSpec::new(OpKind::AllReduce, count, dtype(datatype)?).op(redop(op)?);
         // SAFETY: forwarded from the caller.
         unsafe { issue(comm, stream, spec, sendbuff, recvbuff) }
@@ -108,7 +110,7 @@ pub unsafe extern "C" fn ampcclAllGather(
     comm: ampcclComm_t,
     stream: ampcclStream_t,
 ) -> ampcclResult_t {
-    guard("ampcclAllGather", || {
+    guard_keep("ampcclAllGather", || {
         let spec = OpSpec::new(OpKind::AllGather, sendcount, dtype(datatype)?);
         // SAFETY: forwarded from the caller.
         unsafe { issue(comm, stream, spec, sendbuff, recvbuff) }
@@ -130,7 +132,7 @@ pub unsafe extern "C" fn ampcclReduceScatter(
     comm: ampcclComm_t,
     stream: ampcclStream_t,
 ) -> ampcclResult_t {
-    guard("ampcclReduceScatter", || {
+    guard_keep("ampcclReduceScatter", || {
         let spec = OpSpec::new(OpKind::ReduceScatter, recvcount, dtype(datatype)?).op(redop(op)?);
         // SAFETY: forwarded from the caller.
         unsafe { issue(comm, stream, spec, sendbuff, recvbuff) }
@@ -152,7 +154,7 @@ pub unsafe extern "C" fn ampcclBroadcast(
     comm: ampcclComm_t,
     stream: ampcclStream_t,
 ) -> ampcclResult_t {
-    guard("ampcclBroadcast", || {
+    guard_keep("ampcclBroadcast", || {
         let spec =
             OpSpec::new(OpKind::Broadcast, count, dtype(datatype)?).root(rank_arg("root", root)?);
         // SAFETY: forwarded from the caller.
@@ -176,7 +178,7 @@ pub unsafe extern "C" fn ampcclReduce(
     comm: ampcclComm_t,
     stream: ampcclStream_t,
 ) -> ampcclResult_t {
-    guard("ampcclReduce", || {
+    guard_keep("ampcclReduce", || {
         let spec = OpSpec::new(OpKind::Reduce, count, dtype(datatype)?)
             .op(redop(op)?)
             .root(rank_arg("root", root)?);
@@ -199,7 +201,7 @@ pub unsafe extern "C" fn ampcclAlltoAll(
     comm: ampcclComm_t,
     stream: ampcclStream_t,
 ) -> ampcclResult_t {
-    guard("ampcclAlltoAll", || {
+    guard_keep("ampcclAlltoAll", || {
         let spec = OpSpec::new(OpKind::AllToAll, count, dtype(datatype)?);
         // SAFETY: forwarded from the caller.
         unsafe { issue(comm, stream, spec, sendbuff, recvbuff) }
@@ -220,7 +222,7 @@ pub unsafe extern "C" fn ampcclSend(
     comm: ampcclComm_t,
     stream: ampcclStream_t,
 ) -> ampcclResult_t {
-    guard("ampcclSend", || {
+    guard_keep("ampcclSend", || {
         let spec = OpSpec::new(OpKind::Send, count, dtype(datatype)?).root(rank_arg("peer", peer)?);
         // SAFETY: forwarded from the caller.
         unsafe { issue(comm, stream, spec, sendbuff, std::ptr::null_mut()) }
@@ -240,7 +242,7 @@ pub unsafe extern "C" fn ampcclRecv(
     comm: ampcclComm_t,
     stream: ampcclStream_t,
 ) -> ampcclResult_t {
-    guard("ampcclRecv", || {
+    guard_keep("ampcclRecv", || {
         let spec = OpSpec::new(OpKind::Recv, count, dtype(datatype)?).root(rank_arg("peer", peer)?);
         // SAFETY: forwarded from the caller.
         unsafe { issue(comm, stream, spec, std::ptr::null(), recvbuff) }

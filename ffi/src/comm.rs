@@ -359,7 +359,7 @@ pub(crate) fn synchronize(h: &ampcclComm) -> FfiResult<ampcclResult_t> {
     h.shared.ready()?;
     let last = lock(&h.shared.last).clone();
     if let Some(ev) = last {
-        ev.wait()?;
+        crate::stream::wait(&[ev])?;
     }
     Ok(ampcclSuccess)
 }

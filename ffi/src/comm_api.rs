@@ -3,7 +3,7 @@
 use std::ffi::c_int;
 
 use crate::comm::{self, comm_ref};
-use crate::error::{guard, invalid};
+use crate::error::{guard, guard_keep, invalid};
 use crate::types::ampcclResult_t::{self, *};
 use crate::types::*;
 
@@ -190,7 +190,7 @@ pub unsafe extern "C" fn ampcclCommUserRank(
 /// `comm` is a live handle.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ampcclCommSynchronize(comm: ampcclComm_t) -> ampcclResult_t {
-    guard("ampcclCommSynchronize", || {
+    guard_keep("ampcclCommSynchronize", || {
         // SAFETY: forwarded from the caller.
         comm::synchronize(unsafe { comm_ref(comm)? })
     })

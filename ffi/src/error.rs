@@ -66,8 +66,21 @@ fn refusal(e: &Error) -> bool {
 }
 
 /// Runs the body of entry point `func`: maps its error to a code (recording the message), and a
-/// panic to `ampcclInternalError`.
+/// panic to `ampcclInternalError`. First hands the work this thread parked for a waiter to the
+/// engines (see `stream`): the caller does something else than wait for it.
 pub(crate) fn guard(func: &str, f: impl FnOnce() -> FfiResult<ampcclResult_t>) -> ampcclResult_t {
+    guard_keep(func, || {
+        crate::stream::flush_parked();
+        f()
+    })
+}
+
+/// As [`guard`], leaving parked work in place: for the calls that wait for it, record an event
+/// of it, or issue more operations (ordered after it by the native library).
+pub(crate) fn guard_keep(
+    func: &str,
+    f: impl FnOnce() -> FfiResult<ampcclResult_t>,
+) -> ampcclResult_t {
     ampccl_native::config::init_logging();
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(code)) => code,

@@ -16,7 +16,7 @@ use ampccl_native::{Communicator, Error, RawOp};
 
 use crate::comm::CommShared;
 use crate::error::FfiResult;
-use crate::stream::{Batch, submit};
+use crate::stream::{Batch, Ops, submit};
 use crate::types::ampcclResult_t::{self, *};
 use crate::types::ampcclStream_t;
 
@@ -126,7 +126,7 @@ fn submit_all(ops: Vec<Pending>) -> FfiResult {
                 Batch {
                     shared: p.shared,
                     comm: p.comm,
-                    ops: vec![p.op],
+                    ops: Ops::One(p.op),
                 },
             )),
         }

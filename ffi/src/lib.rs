@@ -27,6 +27,8 @@ pub mod stream_api;
 pub mod types;
 
 #[cfg(test)]
+mod park_tests;
+#[cfg(test)]
 mod tests;
 
 use std::ffi::{CStr, c_char, c_int};

@@ -1,6 +1,6 @@
 //! Stream and event entry points (CUDA-runtime-shaped; semantics in `stream`).
 
-use crate::error::{guard, invalid};
+use crate::error::{guard, guard_keep, invalid};
 use crate::stream::{self, event_ref, stream_ref};
 use crate::types::ampcclResult_t::{self, *};
 use crate::types::*;
@@ -39,7 +39,7 @@ pub unsafe extern "C" fn ampcclStreamDestroy(stream: ampcclStream_t) -> ampcclRe
 /// `stream` is a live handle.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ampcclStreamSynchronize(stream: ampcclStream_t) -> ampcclResult_t {
-    guard("ampcclStreamSynchronize", || {
+    guard_keep("ampcclStreamSynchronize", || {
         // SAFETY: forwarded from the caller.
         stream::stream_synchronize(unsafe { stream_ref(stream)? })
     })
@@ -110,7 +110,7 @@ pub unsafe extern "C" fn ampcclEventRecord(
     event: ampcclEvent_t,
     stream: ampcclStream_t,
 ) -> ampcclResult_t {
-    guard("ampcclEventRecord", || {
+    guard_keep("ampcclEventRecord", || {
         // SAFETY: forwarded from the caller.
         let (e, s) = unsafe { (event_ref(event)?, stream_ref(stream)?) };
         Ok(stream::event_record(e, s))
@@ -123,7 +123,7 @@ pub unsafe extern "C" fn ampcclEventRecord(
 /// `event` is a live handle.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ampcclEventSynchronize(event: ampcclEvent_t) -> ampcclResult_t {
-    guard("ampcclEventSynchronize", || {
+    guard_keep("ampcclEventSynchronize", || {
         // SAFETY: forwarded from the caller.
         stream::event_synchronize(unsafe { event_ref(event)? })
     })

@@ -6,6 +6,13 @@
 //! awaited future that could not finish inline), drives while no foreground thread waits.
 //! Idle drivers spin briefly, then yield, then sleep on the engine's [`Doorbell`], which peers
 //! ring when they write to us; so an oversubscribed machine is not burnt by spinning.
+//!
+//! The background thread sleeps on a private *kick bell* instead while it has nothing to drive:
+//! kicks ring it, peers' messages do not, so a peer pays no futex wake-up for a thread that
+//! would only go back to sleep. (While it stands back for a waiter with work queued it sleeps
+//! on the doorbell, and so resumes as soon as the waiter leaves work behind.) While streams
+//! park work for waiters it also *watches* them, waking every tick to hand work left parked
+//! to the queue (see [`crate::park`]).
 
 use std::task::Waker;
 use std::thread::JoinHandle;
@@ -27,11 +34,11 @@ use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Mutex, Ordering, spin_hint
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(5);
 const YIELD: Duration = Duration::from_millis(2);
 /// Longest sleep of an idle driver (bounds how late timeouts and health checks run).
-const MAX_SLEEP: Duration = Duration::from_millis(20);
+pub(crate) const MAX_SLEEP: Duration = Duration::from_millis(20);
 
 pub(crate) struct EngineInner {
     /// The driver role and the list of streams.
-    streams: Mutex<Vec<Arc<StreamInner>>>,
+    pub(crate) streams: Mutex<Vec<Arc<StreamInner>>>,
     pub(crate) bell: Doorbell,
     /// Tasks enqueued and not yet finished, over all streams.
     pub(crate) pending: AtomicU64,
@@ -48,6 +55,16 @@ pub(crate) struct EngineInner {
     stop: AtomicBool,
     /// Called by a driver whose pass made no progress (see [`Engine::set_idle_hook`]).
     idle_hook: std::sync::OnceLock<IdleHook>,
+    /// What the background thread sleeps on when it has nothing to drive (rung by kicks).
+    pub(crate) kick_bell: Doorbell,
+    /// Parking operations so far (see [`crate::park`]).
+    pub(crate) parks: AtomicU64,
+    /// The background thread watches parked work (see [`crate::park`]).
+    pub(crate) watching: AtomicBool,
+    /// Ticks of the watching background thread; parked work is stamped with it.
+    pub(crate) tick: AtomicU64,
+    /// Waiters running parked work (see [`crate::park`]; [`Engine::abort`] waits for them).
+    pub(crate) runners: AtomicUsize,
 }
 
 /// What an idle driver calls (a transport's flush of coalesced frames).
@@ -76,6 +93,11 @@ impl Engine {
                 background: Mutex::new(None),
                 stop: AtomicBool::new(false),
                 idle_hook: std::sync::OnceLock::new(),
+                kick_bell: Doorbell::new(),
+                parks: AtomicU64::new(0),
+                watching: AtomicBool::new(false),
+                tick: AtomicU64::new(0),
+                runners: AtomicUsize::new(0),
             }),
         }
     }
@@ -129,8 +151,15 @@ impl Engine {
             if let Ok(streams) = self.inner.streams.try_lock() {
                 drop(streams);
                 self.inner.try_progress();
+                break;
+            }
+            if t0.elapsed() > Duration::from_secs(2) {
                 return;
             }
+            crate::sync::thread::yield_now();
+        }
+        // Waiters running parked work see the abort at their next poll and stop.
+        while self.inner.runners.load(Ordering::Acquire) > 0 {
             if t0.elapsed() > Duration::from_secs(2) {
                 return;
             }
@@ -158,6 +187,7 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.inner.stop.store(true, Ordering::Release);
+        self.inner.kick_bell.ring();
         self.inner.bell.ring();
         if let Some(h) = lock(&self.inner.background).take() {
             let _ = h.join();
@@ -289,6 +319,7 @@ impl EngineInner {
     pub(crate) fn kick(self: &Arc<Self>) {
         #[cfg(not(ampccl_loom))]
         self.start_background();
+        self.kick_bell.ring();
         self.bell.ring();
     }
 
@@ -311,12 +342,23 @@ impl EngineInner {
     #[cfg(not(ampccl_loom))]
     fn background_loop(self: Arc<Self>) {
         let mut backoff = Backoff::new(self.spin());
+        let mut watch = crate::park::Watch::default();
         while !self.stop.load(Ordering::Acquire) {
             let seen = self.bell.seq();
+            // Read before `watch` looks at the parks: a park after that look rings it.
+            let kicked = self.kick_bell.seq();
+            let nap = self.watch(&mut watch);
             let work =
                 self.pending.load(Ordering::Acquire) > 0 || self.has_wakers.load(Ordering::Acquire);
-            if !work || self.waiters.load(Ordering::Acquire) > 0 {
-                self.bell.sleep(seen, MAX_SLEEP);
+            if !work {
+                // Nothing to drive: only a kick (or the watch's next tick) brings work.
+                self.kick_bell.sleep(kicked, nap);
+                continue;
+            }
+            if self.waiters.load(Ordering::Acquire) > 0 {
+                // Standing back for a waiter: peers' messages wake us to look again, so that
+                // work the waiter leaves behind goes on at once.
+                self.bell.sleep(seen, nap);
                 continue;
             }
             if self.try_progress() {
@@ -327,13 +369,14 @@ impl EngineInner {
         }
     }
 
-    fn abort_with(&self, reason: Error) {
+    pub(crate) fn abort_with(&self, reason: Error) {
         let mut a = lock(&self.abort);
         if a.is_none() {
             *a = Some(reason);
         }
         drop(a);
         self.aborted.store(true, Ordering::Release);
+        self.kick_bell.ring();
         self.bell.ring();
     }
 }

@@ -27,6 +27,7 @@ pub mod log;
 pub mod mem;
 pub mod notify;
 pub mod param;
+pub mod park;
 pub mod reduce;
 pub mod stream;
 pub mod sync;

@@ -12,6 +12,10 @@
 //! polling, back-off, timeout and health checks as the engine's. A blocking call of a
 //! single-stream algorithm saves the queue and the driver that way (see the communicator's
 //! small-message path); nothing else about the tasks changes.
+//!
+//! An idle stream can also be made *parking* ([`Stream::park_while_idle`]): its tasks are then
+//! held aside for a thread about to wait for them, which runs them as an inline stream would
+//! (see [`crate::park`]: the C ABI's enqueue-then-synchronize path).
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -27,6 +31,7 @@ use crate::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
 
 /// Engines and streams are shared with `std`'s Arc (method receivers need it; it guards no state).
 type EngineArc = Arc<EngineInner>;
+use crate::park::Parked;
 use crate::task::{Completion, Task};
 
 /// How often a stuck task is asked about its peers' health.
@@ -41,7 +46,7 @@ pub(crate) struct Queued {
 }
 
 impl Queued {
-    fn new(task: Task) -> Queued {
+    pub(crate) fn new(task: Task) -> Queued {
         Queued {
             task,
             polls: 0,
@@ -78,17 +83,23 @@ impl Queued {
 }
 
 pub(crate) struct StreamInner {
-    queue: Mutex<VecDeque<Queued>>,
+    pub(crate) queue: Mutex<VecDeque<Queued>>,
     /// Tasks ever enqueued (incremented under the queue lock).
-    enqueued: AtomicU64,
+    pub(crate) enqueued: AtomicU64,
     /// Tasks completed or failed.
-    completed: AtomicU64,
+    pub(crate) completed: AtomicU64,
     /// Sticky failure: position (1-based) of the first failed task and its error.
     failure: Mutex<Option<(u64, Error)>>,
     /// `failure.is_some()`, readable without the lock (enqueue checks it on every task).
-    failed: AtomicBool,
+    pub(crate) failed: AtomicBool,
     /// Tasks run inside `enqueue` (see [`Stream::inline_while_idle`]).
     inline: AtomicBool,
+    /// Tasks held for a waiter (see [`crate::park`]).
+    pub(crate) parked: Mutex<Parked>,
+    /// `parked` holds tasks (readable without the lock).
+    pub(crate) has_parked: AtomicBool,
+    /// Tasks go to `parked` (see [`Stream::park_while_idle`]).
+    pub(crate) parking: AtomicBool,
 }
 
 impl StreamInner {
@@ -100,6 +111,9 @@ impl StreamInner {
             failure: Mutex::new(None),
             failed: AtomicBool::new(false),
             inline: AtomicBool::new(false),
+            parked: Mutex::new(Parked::default()),
+            has_parked: AtomicBool::new(false),
+            parking: AtomicBool::new(false),
         }
     }
 
@@ -149,7 +163,7 @@ impl StreamInner {
 
     /// Records `e` as the stream's failure, at the next task to complete, unless it already
     /// failed (the first failure is the one it reports).
-    fn record_failure(&self, e: Error) {
+    pub(crate) fn record_failure(&self, e: Error) {
         let mut f = lock(&self.failure);
         if f.is_none() {
             *f = Some((self.completed.load(Ordering::Acquire) + 1, e));
@@ -157,8 +171,10 @@ impl StreamInner {
         }
     }
 
-    /// Fails everything queued (abort); returns how many tasks were dropped.
+    /// Fails everything queued or parked (abort); returns how many queued tasks were dropped
+    /// (parked ones are not in the engine's `pending` count).
     pub(crate) fn fail_all(&self, e: Error) -> u64 {
+        self.fail_parked(&e);
         self.fail_queued(e, 0)
     }
 
@@ -225,6 +241,14 @@ impl Stream {
         if self.inner.inline.load(Ordering::Relaxed) {
             return self.run_inline(task);
         }
+        if self.inner.parking.load(Ordering::Relaxed) {
+            return self.park(task);
+        }
+        if self.inner.has_parked.load(Ordering::Acquire) {
+            // Parked tasks come first: into the queue with them (after a waiter running them
+            // finished), the engine runs them next.
+            crate::park::unpark(&self.inner, &self.engine, true);
+        }
         let mut q = lock(&self.inner.queue);
         if self.inner.failed.load(Ordering::Acquire) {
             // A failed stream runs nothing more; the task counts as failed at once.
@@ -246,26 +270,10 @@ impl Stream {
         // empty, so no driver pops or fails anything): plain stores, no locked instructions.
         let bump = |c: &AtomicU64| c.store(c.load(Ordering::Relaxed) + 1, Ordering::Release);
         bump(&inner.enqueued);
-        if !inner.failed.load(Ordering::Acquire) {
-            let mut q = Queued::new(task);
-            let r = match q.task.poll() {
-                Poll::Ready(r) => r,
-                Poll::Pending => {
-                    let timeout = self.engine.timeout();
-                    self.engine.wait_until(|| {
-                        if let Some(e) = self.engine.aborted() {
-                            return Some(Err(e));
-                        }
-                        match q.task.poll() {
-                            Poll::Ready(r) => Some(r),
-                            Poll::Pending => q.check_stuck(timeout).err().map(Err),
-                        }
-                    })
-                }
-            };
-            if let Err(e) = r {
-                inner.record_failure(e);
-            }
+        if !inner.failed.load(Ordering::Acquire)
+            && let Err(e) = run_to_end(&self.engine, task)
+        {
+            inner.record_failure(e);
         }
         bump(&inner.completed);
     }
@@ -326,6 +334,28 @@ impl Stream {
     }
 }
 
+/// Runs `task` to completion on this thread, as the engine would at the head of its stream:
+/// polled, driving the engine while pending (other streams progress meanwhile), failed after
+/// the timeout, on a dead peer or when the engine aborts.
+pub(crate) fn run_to_end(engine: &EngineArc, task: Task) -> Result<()> {
+    let mut q = Queued::new(task);
+    match q.task.poll() {
+        Poll::Ready(r) => r,
+        Poll::Pending => {
+            let timeout = engine.timeout();
+            engine.wait_until(|| {
+                if let Some(e) = engine.aborted() {
+                    return Some(Err(e));
+                }
+                match q.task.poll() {
+                    Poll::Ready(r) => Some(r),
+                    Poll::Pending => q.check_stuck(timeout).err().map(Err),
+                }
+            })
+        }
+    }
+}
+
 /// A stream inline until dropped (see [`Stream::inline_while_idle`]).
 pub struct InlineGuard<'a> {
     stream: &'a Stream,
@@ -356,12 +386,36 @@ impl Event {
         self.status().is_some()
     }
 
-    /// Blocks until complete, driving the engine on this thread while nobody else does.
+    /// Blocks until complete, driving the engine on this thread while nobody else does; tasks
+    /// parked before the event run on this thread (see [`crate::park`]).
     pub fn wait(&self) -> Result<()> {
         if let Some(r) = self.status() {
             return r;
         }
+        if self.stream.has_parked.load(Ordering::Acquire) {
+            crate::park::run_parked(&self.stream, &self.engine, self.seq);
+            if let Some(r) = self.status() {
+                return r;
+            }
+        }
         self.engine.wait_until(|| self.status())
+    }
+
+    /// The stream position the event marks.
+    #[cfg(ampccl_loom)]
+    pub(crate) fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// Hands work parked on this event's stream to the engine (see [`Stream::unpark`]), for a
+    /// caller that will not wait for it itself.
+    pub fn unpark(&self) {
+        crate::park::unpark(&self.stream, &self.engine, false);
+    }
+
+    /// True when the event is a point of stream `s`.
+    pub fn is_on(&self, s: &Stream) -> bool {
+        Arc::ptr_eq(&self.stream, &s.inner)
     }
 }
 
@@ -378,6 +432,8 @@ impl Future for Event {
         if let Some(r) = self.status() {
             return Poll::Ready(r);
         }
+        // A future does not block: parked work goes to the engine.
+        crate::park::unpark(&self.stream, &self.engine, false);
         self.engine.try_progress();
         if let Some(r) = self.status() {
             return Poll::Ready(r);

@@ -5,7 +5,7 @@ use ampccl_runtime::{DataType, Element, ReduceOp, Result};
 
 use super::call::{OpSpec, make_call};
 use super::{rd, wr};
-use crate::comm::{Call, Communicator};
+use crate::comm::{Call, Communicator, Wait};
 use crate::op::OpKind;
 use crate::sink::Region;
 
@@ -14,7 +14,7 @@ impl Communicator {
         let mut call = [make_call(self, spec, input, output)?];
         // SAFETY: the regions come from borrows that outlive the wait below; if the wait fails
         // the communicator aborts, which drops every queued task.
-        let ev = unsafe { self.submit(self.default_stream(), &mut call, true)? };
+        let ev = unsafe { self.submit(self.default_stream(), &mut call, Wait::Now)? };
         self.finish(ev.wait())
     }
 
@@ -172,7 +172,7 @@ impl Communicator {
             return Ok(());
         }
         // SAFETY: the buffers are borrowed for 'b, which outlives this call, and we wait.
-        let ev = unsafe { self.submit(self.default_stream(), &mut g.calls, true)? };
+        let ev = unsafe { self.submit(self.default_stream(), &mut g.calls, Wait::Now)? };
         self.finish(ev.wait())
     }
 }

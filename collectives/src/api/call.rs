@@ -5,7 +5,7 @@
 use ampccl_runtime::stream::{Event, Stream};
 use ampccl_runtime::{DataType, Element, Error, ReduceOp, Result};
 
-use crate::comm::{Call, Communicator};
+use crate::comm::{Call, Communicator, Wait};
 use crate::op::{OpKind, OpParam};
 use crate::sink::Region;
 
@@ -201,19 +201,41 @@ impl Communicator {
     /// Each pointer must be valid for the operation's input (reads) or output (exclusive
     /// writes) size, as NCCL's count conventions define it, until the event completes.
     pub unsafe fn enqueue_raw(&self, stream: &Stream, ops: &[RawOp]) -> Result<Event> {
-        let mut calls = ops
-            .iter()
-            .map(|o| {
-                make_call(
-                    self,
-                    o.spec,
-                    unbounded(o.send as *mut u8),
-                    unbounded(o.recv),
-                )
-            })
-            .collect::<Result<Vec<_>>>()?;
         // SAFETY: forwarded from the caller.
-        unsafe { self.submit(stream, &mut calls, false) }
+        unsafe { self.enqueue_raw_with(stream, ops, Wait::Later) }
+    }
+
+    /// As [`Communicator::enqueue_raw`], for a caller that will probably wait for the event
+    /// soon on this thread: a single operation of a single-stream algorithm on an idle
+    /// communicator is then *parked* on `stream` ([`Stream::has_parked`] says so afterwards)
+    /// for the waiter to run on its thread ([`Event::wait`]); it needs no
+    /// [`Stream::kick`], and runs on the engine within a few milliseconds if nobody waits.
+    ///
+    /// # Safety
+    /// As [`Communicator::enqueue_raw`].
+    pub unsafe fn enqueue_raw_for_waiter(&self, stream: &Stream, ops: &[RawOp]) -> Result<Event> {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.enqueue_raw_with(stream, ops, Wait::Soon) }
+    }
+
+    /// # Safety
+    /// As [`Communicator::enqueue_raw`].
+    unsafe fn enqueue_raw_with(&self, stream: &Stream, ops: &[RawOp], wait: Wait) -> Result<Event> {
+        let call = |o: &RawOp| {
+            make_call(
+                self,
+                o.spec,
+                unbounded(o.send as *mut u8),
+                unbounded(o.recv),
+            )
+        };
+        if let [op] = ops {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.submit(stream, &mut [call(op)?], wait) };
+        }
+        let mut calls = ops.iter().map(call).collect::<Result<Vec<_>>>()?;
+        // SAFETY: forwarded from the caller.
+        unsafe { self.submit(stream, &mut calls, wait) }
     }
 
     /// Checks `op` as [`Communicator::enqueue_raw`] would (arguments only; nothing is queued),

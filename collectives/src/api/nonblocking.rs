@@ -9,7 +9,7 @@ use ampccl_runtime::stream::{Event, Stream};
 use ampccl_runtime::{Element, ReduceOp, Result};
 
 use super::call::{OpSpec, make_call};
-use crate::comm::Communicator;
+use crate::comm::{Communicator, Wait};
 use crate::op::OpKind;
 use crate::sink::Region;
 
@@ -86,7 +86,7 @@ impl OnStream<'_> {
         let mut call = [make_call(self.comm, spec, i, o)?];
         // SAFETY: the regions point into `bufs`' heap memory, which `OpFuture` owns until the
         // event completes (its Drop waits for completion; leaking it leaks the memory too).
-        let ev = unsafe { self.comm.submit(&self.stream, &mut call, false)? };
+        let ev = unsafe { self.comm.submit(&self.stream, &mut call, Wait::Later)? };
         self.stream.kick();
         Ok(OpFuture {
             comm: self.comm.clone(),

@@ -8,7 +8,7 @@ use ampccl_runtime::{Error, Result};
 use ampccl_runtime::stream::Stream;
 use ampccl_runtime::task::{CopyTo, Task};
 
-use super::{Call, CommInner};
+use super::{Call, CommInner, Wait};
 use crate::op::OpKind;
 
 /// One unit of a submission: a call orchestrated by its executor, or a send to this rank
@@ -114,7 +114,7 @@ impl CommInner {
     /// valid until the stream gets past it).
     fn run_job(&self, stream: &Stream, calls: &[Call], job: Job) -> Result<()> {
         match job {
-            Job::Call(i) => self.orchestrate(stream, &calls[i], false),
+            Job::Call(i) => self.orchestrate(stream, &calls[i], Wait::Later),
             Job::SelfCopy { send, recv } => {
                 let (src, dst) = (calls[send].input, calls[recv].output);
                 if src.len > 0 && src.ptr != dst.ptr {

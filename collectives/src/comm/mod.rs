@@ -296,10 +296,11 @@ impl Communicator {
     /// streams, joined back into `stream`. Either way they start after the previous operation
     /// of this communicator.
     ///
-    /// `blocking`: the caller waits for the event right away. Then one call of a single-stream
+    /// `wait`: when the caller waits for the event. [`Wait::Now`]: one call of a single-stream
     /// algorithm on an idle communicator runs on this thread at once (the stream made inline),
     /// without queueing its tasks for the engine: the same tasks and messages, less overhead
-    /// (what a small message's latency is made of).
+    /// (what a small message's latency is made of). [`Wait::Soon`]: such a call's tasks are
+    /// parked on the stream for the waiter to run the same way (see `ampccl_runtime::park`).
     ///
     /// # Safety
     /// The calls' regions must stay valid (inputs for reads, outputs for exclusive writes)
@@ -308,7 +309,7 @@ impl Communicator {
         &self,
         stream: &Stream,
         calls: &mut [Call],
-        blocking: bool,
+        wait: Wait,
     ) -> Result<Event> {
         let c = &*self.inner;
         if let Some(e) = c.engine.abort_reason() {
@@ -335,6 +336,8 @@ impl Communicator {
             if let Some((ps, ev)) = &prior
                 && !ps.same_as(s)
             {
+                // Parked work of the previous operation must run for this one to start.
+                ps.unpark();
                 s.wait_event(ev);
             }
         };
@@ -346,7 +349,8 @@ impl Communicator {
         {
             // The common case, without planning (and without allocating).
             after_prior(stream);
-            c.orchestrate(stream, &calls[0], blocking && prior.is_none())
+            let wait = if prior.is_none() { wait } else { Wait::Later };
+            c.orchestrate(stream, &calls[0], wait)
         } else {
             // A group that cannot be planned is refused before anything is queued: the
             // communicator stays usable.
@@ -372,6 +376,17 @@ impl Communicator {
     }
 }
 
+/// When the caller of [`Communicator::submit`] waits for the operation.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Wait {
+    /// At once, on this thread (a blocking call).
+    Now,
+    /// Probably soon, on this thread (the C ABI: enqueue, then synchronize).
+    Soon,
+    /// Maybe never (futures): the engine runs it.
+    Later,
+}
+
 /// A validated operation: its parameters and buffers.
 pub(crate) struct Call {
     pub p: OpParam,
@@ -380,10 +395,10 @@ pub(crate) struct Call {
 }
 
 impl CommInner {
-    /// Selects, fetches resources and orchestrates one call onto `stream`; `may_inline`: the
-    /// caller waits for it at once and nothing of this communicator runs before it, so a
-    /// single-stream algorithm may run inline (see `submit`).
-    fn orchestrate(&self, stream: &Stream, call: &Call, may_inline: bool) -> Result<()> {
+    /// Selects, fetches resources and orchestrates one call onto `stream`; `wait`: when the
+    /// caller waits for it, `Now` or `Soon` only if nothing of this communicator runs before
+    /// it, so that a single-stream algorithm may run inline or parked (see `submit`).
+    fn orchestrate(&self, stream: &Stream, call: &Call, wait: Wait) -> Result<()> {
         let p = &call.p;
         if p.kind == OpKind::Send && p.root == self.rank {
             return Err(Error::InvalidArgument(
@@ -450,10 +465,14 @@ impl CommInner {
             ccl_in_cursor: &cursor,
             tasks: &mut sink,
         };
-        // A task of an inline stream runs to completion before the next is issued, so only
-        // an algorithm whose tasks all go to this one stream may run inline.
-        let _inline = (may_inline && res.sides.is_empty() && res.notifies.is_empty())
+        // A task of an inline (or parked) stream runs to completion before the next one
+        // starts, so only an algorithm whose tasks all go to this one stream may run so.
+        let single = res.sides.is_empty() && res.notifies.is_empty();
+        let _inline = (wait == Wait::Now && single)
             .then(|| stream.inline_while_idle())
+            .flatten();
+        let _parked = (wait == Wait::Soon && single)
+            .then(|| stream.park_while_idle())
             .flatten();
         entry.executor.orchestrate(p, &mut resp)?;
         self.window_cursor.store(cursor.get(), Ordering::Relaxed);
