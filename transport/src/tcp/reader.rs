@@ -6,15 +6,13 @@
 //! applies what arrives while no engine polls; it rings the engine's doorbell after each frame.
 //! The inbox's lock keeps the two from reading a socket at once.
 //!
-//! Both read the socket in as few `recv` calls as possible: headers and small payloads go
-//! through a receive buffer (one `recv` takes every frame that is there). A one-sided write's
-//! payload goes straight into the memory the matching clear-to-send named (what came with the
-//! buffer is copied, the rest is received in place): by the engine when it has arrived whole,
-//! else by the receiving thread, which waits for the rest ([`Inbox`]'s `partial`) while the
-//! engine goes on sending; two threads per rank then move the two directions of a large
-//! exchange at once (measured faster across hosts than the engine receiving in pieces between
-//! its sends). A read response is taken the same way, under the pending read's lock (the read
-//! cannot give its buffer up halfway).
+//! Both read the socket without blocking, in as few `recv` calls as possible: headers and
+//! small payloads go through a receive buffer (one `recv` takes every frame that is there),
+//! a one-sided write's payload goes straight into the memory the matching clear-to-send named
+//! (what came with the buffer is copied, the rest is received in place) and may arrive over
+//! several calls, from either side ([`Inbox`]'s `partial`). Only a read response is taken
+//! whole once its header is in, under the pending read's lock (the read cannot give its
+//! buffer up halfway); its payload follows its header in one `sendmsg`.
 //!
 //! The thread ends when the connection closes or the peer breaks the protocol; either way the
 //! peer is recorded dead with the reason, so every wait on it fails at its next health check.
@@ -184,13 +182,12 @@ impl Epoll {
     }
 }
 
-/// One `recv` into `dst`, without blocking unless `block`: `Some(n)` bytes (0: the end of the
-/// stream), `None` when nothing is there.
-fn recv_some(fd: RawFd, dst: &mut [u8], block: bool) -> std::io::Result<Option<usize>> {
-    let flags = if block { 0 } else { libc::MSG_DONTWAIT };
+/// One `recv` without blocking into `dst`: `Some(n)` bytes (0: the end of the stream), `None`
+/// when nothing is there.
+fn recv_some(fd: RawFd, dst: &mut [u8]) -> std::io::Result<Option<usize>> {
     loop {
         // SAFETY: `dst` is valid for `dst.len()` bytes of writes.
-        let n = unsafe { libc::recv(fd, dst.as_mut_ptr().cast(), dst.len(), flags) };
+        let n = unsafe { libc::recv(fd, dst.as_mut_ptr().cast(), dst.len(), libc::MSG_DONTWAIT) };
         if n >= 0 {
             return Ok(Some(n as usize));
         }
@@ -201,14 +198,6 @@ fn recv_some(fd: RawFd, dst: &mut [u8], block: bool) -> std::io::Result<Option<u
             _ => return Err(e),
         }
     }
-}
-
-/// Bytes waiting in the socket `fd` (0 when it cannot be asked).
-fn available(fd: RawFd) -> usize {
-    let mut n: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one int through the pointer.
-    let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut n) };
-    if r < 0 { 0 } else { n.max(0) as usize }
 }
 
 impl Inbox {
@@ -238,7 +227,7 @@ impl Inbox {
     /// `bell` after each; `Err(why)` once the stream ended or broke.
     fn drain(&mut self, bell: &Doorbell) -> std::result::Result<(), String> {
         loop {
-            match self.step(false) {
+            match self.step() {
                 Ok(Step::Applied) => bell.ring(),
                 Ok(Step::Moved) => {}
                 Ok(Step::Idle) => return Ok(()),
@@ -247,11 +236,11 @@ impl Inbox {
         }
     }
 
-    /// The engine's share, on every poll of the device: applies every frame that has arrived
-    /// whole, without blocking (a payload still coming is left to the receiving thread).
+    /// The engine's share, on every poll of the device: applies whatever has arrived, without
+    /// blocking (but for the rest of a read response whose header came).
     pub fn progress(&mut self) {
         loop {
-            match self.step(true) {
+            match self.step() {
                 Ok(Step::Applied | Step::Moved) => {}
                 Ok(Step::Idle) => return,
                 Err(e) => {
@@ -283,7 +272,7 @@ impl Inbox {
             (self.start, self.end) = (0, self.end - self.start);
         }
         let fd = self.stream.as_raw_fd();
-        match recv_some(fd, &mut self.buf[self.end..], false) {
+        match recv_some(fd, &mut self.buf[self.end..]) {
             Ok(Some(0)) if self.buffered() == 0 && self.partial.is_none() => {
                 Err(Error::Remote("the connection was closed".into()))
             }
@@ -297,9 +286,8 @@ impl Inbox {
         }
     }
 
-    /// One step: the rest of a partial write, or the next frame if it is there (for the
-    /// `engine`, only if its payload is there whole too).
-    fn step(&mut self, engine: bool) -> Result<Step> {
+    /// One step: the rest of a partial write, or the next frame if it is there.
+    fn step(&mut self) -> Result<Step> {
         if let Some(why) = &self.broken {
             return Err(Error::Remote(why.clone()));
         }
@@ -328,15 +316,6 @@ impl Inbox {
                 Step::Idle
             });
         }
-        // A large payload is received by the receiving thread, in parallel with the engine's
-        // own sends, unless it has arrived whole.
-        if engine && matches!(h.kind, Kind::Write | Kind::ReadResp) {
-            let len = usize::try_from(h.len).unwrap_or(usize::MAX);
-            let here = self.buffered() - HEADER + available(self.stream.as_raw_fd());
-            if here < len {
-                return Ok(Step::Idle);
-            }
-        }
         self.start += HEADER;
         let body = self.start;
         self.start += whole;
@@ -358,9 +337,7 @@ impl Inbox {
             self.start += n;
             n
         } else {
-            // The receiving thread, which alone starts a write whose payload is still coming,
-            // waits for the rest of it.
-            match recv_some(self.stream.as_raw_fd(), out, true) {
+            match recv_some(self.stream.as_raw_fd(), out) {
                 Ok(Some(0)) => return Err(Error::Remote("connection lost in a frame".into())),
                 Ok(Some(n)) => n,
                 Ok(None) => return Ok(Step::Idle),
@@ -514,21 +491,15 @@ mod tests {
         }
     }
 
-    /// A header that claims more payload than the address space holds: the engine leaves it
-    /// (no overflow), the receiving thread refuses it (no clear-to-send names it) before
-    /// anything is received for it.
+    /// A header that claims more payload than the address space holds is refused (no
+    /// clear-to-send names it) before anything is received for it: an error, no overflow.
     #[test]
     fn a_huge_claimed_length_is_refused() {
         let (mut tx, mut inbox, peer) = pair();
         let mut h = Header::new(Kind::Write);
         h.len = u64::MAX;
         tx.write_all(&h.encode()).unwrap();
-        while available(inbox.stream.as_raw_fd()) < HEADER {
-            std::thread::yield_now();
-        }
-        inbox.progress();
-        assert!(inbox.broken.is_none() && peer.health().is_ok());
-        let _ = inbox.drain(&Doorbell::new());
+        pump(&mut inbox, |i| i.broken.is_some());
         let e = peer.health().unwrap_err().to_string();
         assert!(e.contains("outside what clear-to-send"), "{e}");
     }
@@ -564,10 +535,7 @@ mod tests {
             tx.flush().unwrap();
             inbox.progress();
         }
-        // The engine left the write whose payload was still coming; the receiving thread's
-        // share takes it and what follows.
-        inbox.drain(&Doorbell::new()).unwrap();
-        assert_eq!(peer.imm[2].0.load(Ordering::Acquire), 77);
+        pump(&mut inbox, |_| peer.imm[2].0.load(Ordering::Acquire) == 77);
         assert!(inbox.broken.is_none(), "{:?}", inbox.broken);
         for s in 0..4 {
             assert_eq!(peer.credits[s].load(Ordering::Acquire), 10 + s as u32);
