@@ -48,6 +48,9 @@ pub struct TcpDevice {
     inboxes: Vec<Vec<Arc<Mutex<Inbox>>>>,
     /// Connections per peer.
     nsocks: usize,
+    /// Smallest stripe (rank 0's `AMPCCL_TCP_STRIPE_MIN`, so that receivers know which
+    /// regions may receive stripes).
+    stripe_min: usize,
     bell: Doorbell,
     window: HostBuffer,
     failed: AtomicBool,
@@ -82,27 +85,33 @@ pub fn connect_to(
     let me = listener
         .local_addr()
         .map_err(|e| Error::system("tcp: local_addr", e))?;
-    // Rank 0 draws the secret and says how many connections each pair holds.
-    let mut setup = [0u8; 20];
+    // Rank 0 draws the secret and says how many connections each pair holds and how small a
+    // stripe may be.
+    let mut setup = [0u8; 28];
     if rank == 0 {
         rand::rngs::OsRng
             .try_fill_bytes(&mut setup[..16])
             .map_err(|e| Error::system("tcp: OS random number generator", e))?;
-        setup[16..].copy_from_slice(&(NSOCKS.get() as u32).to_le_bytes());
+        setup[16..20].copy_from_slice(&(NSOCKS.get() as u32).to_le_bytes());
+        setup[20..].copy_from_slice(&STRIPE_MIN.get().to_le_bytes());
     }
     let got = boot.broadcast(TAG_SECRET, 0, (rank == 0).then_some(&setup[..]))?;
-    let got: &[u8; 20] = got
-        .get(..20)
+    let got: &[u8; 28] = got
+        .get(..28)
         .and_then(|g| g.try_into().ok())
         .ok_or_else(|| bad_setup("short secret"))?;
     let mut secret = [0u8; 16];
     secret.copy_from_slice(&got[..16]);
-    let nsocks = u32::from_le_bytes(got[16..].try_into().expect("4 bytes")) as usize;
-    if !(NSOCKS.min as usize..=NSOCKS.max as usize).contains(&nsocks) {
+    let nsocks = u32::from_le_bytes(got[16..20].try_into().expect("4 bytes")) as usize;
+    let stripe_min = u64::from_le_bytes(got[20..].try_into().expect("8 bytes"));
+    if !(NSOCKS.min as usize..=NSOCKS.max as usize).contains(&nsocks)
+        || !(STRIPE_MIN.min..=STRIPE_MIN.max).contains(&stripe_min)
+    {
         return Err(bad_setup(&format!(
-            "rank 0 asks for {nsocks} connections per pair"
+            "rank 0 asks for {nsocks} connections per pair, stripes from {stripe_min} bytes"
         )));
     }
+    let stripe_min = stripe_min as usize;
     let mine = format!("{me}\n{}", hostname());
     let all = boot.allgather(TAG_ADDRS, mine.as_bytes())?;
     let mut addrs = Vec::with_capacity(world);
@@ -199,6 +208,7 @@ pub fn connect_to(
         peers,
         inboxes,
         nsocks,
+        stripe_min,
         bell,
         window: HostBuffer::zeroed(window),
         failed: AtomicBool::new(false),
@@ -360,7 +370,13 @@ impl TcpDevice {
     fn polled(&self, peer: usize) -> &Peer {
         let p = self.peer(peer);
         p.mark_polled();
-        for inbox in &self.inboxes[peer] {
+        // Connections 1.. carry only stripes: polled while a region may receive some.
+        let n = if p.wide_open.load(Ordering::Acquire) > 0 {
+            self.nsocks
+        } else {
+            1
+        };
+        for inbox in &self.inboxes[peer][..n] {
             if let Ok(mut inbox) = inbox.try_lock() {
                 inbox.progress();
             }
@@ -389,12 +405,16 @@ impl RmaDevice for TcpDevice {
 
     fn post_cts(&self, peer: usize, slot: usize, entry: &CtsEntry) -> Result<()> {
         let p = self.peer(peer);
-        lock(&p.regions)[slot] = Region {
-            open: true,
-            read: entry.nreqs & CTS_READ != 0,
-            addr: entry.addr,
-            len: entry.size,
-        };
+        p.open_region(
+            slot,
+            Region {
+                open: true,
+                read: entry.nreqs & CTS_READ != 0,
+                wide: self.nsocks > 1 && entry.size >= 2 * self.stripe_min as u64,
+                addr: entry.addr,
+                len: entry.size,
+            },
+        );
         let mut h = Header::new(Kind::Cts);
         h.slot = slot as u32;
         h.len = frame::CTS_BYTES as u64;
@@ -432,7 +452,7 @@ impl RmaDevice for TcpDevice {
         }
         // SAFETY: `src` is valid for `len` reads by contract.
         let payload = unsafe { std::slice::from_raw_parts(src, len) };
-        let parts = stripe::stripes(len, self.nsocks, STRIPE_MIN.bytes());
+        let parts = stripe::stripes(len, self.nsocks, self.stripe_min);
         let frame = |&(off, l): &(usize, usize)| {
             let mut h = Header::new(Kind::Write);
             (h.slot, h.addr, h.len) = (key, addr + off as u64, l as u64);

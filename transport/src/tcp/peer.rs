@@ -107,6 +107,8 @@ impl EagerSlot {
 pub(super) struct Region {
     pub open: bool,
     pub read: bool,
+    /// Large enough for a striped write (counted in [`Peer::wide_open`] while open).
+    pub wide: bool,
     pub addr: u64,
     pub len: u64,
 }
@@ -180,6 +182,9 @@ pub(super) struct Peer {
     pub striped: Box<[AtomicU32]>,
     /// Per completion slot, copies of a striped immediate received so far.
     pub imm_parts: Box<[AtomicU32]>,
+    /// Open regions that stripes may arrive for: only then does the engine poll connections
+    /// 1.. too (each poll of an idle socket is a system call).
+    pub wide_open: AtomicU32,
     /// Whether `out` holds deferred frames (read without its lock by [`Peer::flush`]).
     has_deferred: AtomicBool,
     pub cts: Box<[CtsCell]>,
@@ -219,6 +224,7 @@ impl Peer {
             stripes: stripes.into_iter().map(Mutex::new).collect(),
             striped: (0..depth).map(|_| AtomicU32::new(0)).collect(),
             imm_parts: (0..depth).map(|_| AtomicU32::new(0)).collect(),
+            wide_open: AtomicU32::new(0),
             out: Mutex::new(Outbox {
                 stream: out,
                 deferred: Vec::with_capacity(DEFER_MAX + 2 * HEADER),
@@ -240,6 +246,28 @@ impl Peer {
             epoch: std::time::Instant::now(),
             desc,
         }
+    }
+
+    /// Opens `slot`'s region as `r` (closing what was open there).
+    pub fn open_region(&self, slot: usize, r: Region) {
+        let mut regions = lock(&self.regions);
+        Self::shut(&mut regions[slot], &self.wide_open);
+        if r.wide {
+            self.wide_open.fetch_add(1, Ordering::AcqRel);
+        }
+        regions[slot] = r;
+    }
+
+    /// Closes `slot`'s region (its transfer's immediate arrived).
+    pub fn close_region(&self, slot: usize) {
+        Self::shut(&mut lock(&self.regions)[slot], &self.wide_open);
+    }
+
+    fn shut(r: &mut Region, wide_open: &AtomicU32) {
+        if r.open && r.wide {
+            wide_open.fetch_sub(1, Ordering::AcqRel);
+        }
+        r.open = false;
     }
 
     /// Sends one frame: the deferred frames, the header, then `payload`, in one `sendmsg`

@@ -386,7 +386,7 @@ impl Inbox {
                     return Ok(());
                 }
                 parts.store(0, Ordering::Relaxed);
-                lock(&peer.regions)[slot].open = false;
+                peer.close_region(slot);
                 let (imm, len) = &peer.imm[slot];
                 len.store(h.len, Ordering::Relaxed);
                 imm.store(h.a, Ordering::Release);
@@ -513,6 +513,7 @@ mod tests {
         *lock(&peer.regions).get_mut(2).unwrap() = super::super::peer::Region {
             open: true,
             read: false,
+            wide: false,
             addr: target.as_mut_ptr() as u64,
             len: target.len() as u64,
         };

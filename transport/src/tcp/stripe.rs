@@ -24,7 +24,7 @@ use ampccl_runtime::param::{Param, Unit};
 /// Connections per pair of ranks (rank 0's value holds for the whole communicator).
 pub static NSOCKS: Param = Param::new(
     "NSOCKS",
-    1,
+    4,
     (1, 16),
     Unit::Count,
     "TCP connections per pair of ranks; large writes are striped over them",
