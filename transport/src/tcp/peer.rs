@@ -289,6 +289,25 @@ impl Peer {
         sent.map_err(|e| self.lost(e))
     }
 
+    /// Sends the answer to the peer's read request from the receiving side, always with
+    /// `sendmsg`: it returns once the socket has taken the bytes. (A zero-copy send returns
+    /// only when the peer has read them; two ranks answering each other's reads from their
+    /// receiving threads would then each wait for the other's thread: a deadlock.)
+    pub fn send_response(&self, h: &Header, payload: &[u8]) -> Result<()> {
+        let mut out = lock(&self.out);
+        let head = h.encode();
+        let fd = out.stream.as_raw_fd();
+        let bufs = [
+            IoSlice::new(&out.deferred),
+            IoSlice::new(&head),
+            IoSlice::new(payload),
+        ];
+        let sent = super::stripe::send_blocking(&mut Job::new(fd, bufs));
+        out.deferred.clear();
+        self.has_deferred.store(false, Ordering::Relaxed);
+        sent.map_err(|e| self.lost(e))
+    }
+
     fn lost(&self, e: std::io::Error) -> Error {
         Error::Remote(format!("{}: connection lost while sending: {e}", self.desc))
     }

@@ -413,7 +413,7 @@ impl Inbox {
                 let mut resp = Header::new(Kind::ReadResp);
                 resp.a = h.a;
                 resp.len = h.len;
-                peer.send(&resp, src)?;
+                peer.send_response(&resp, src)?;
             }
             Kind::ReadResp => self.read_response(h)?,
             Kind::Fail => peer.set_failed(String::from_utf8_lossy(payload).into_owned()),

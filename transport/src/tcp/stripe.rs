@@ -166,7 +166,7 @@ impl SendPath {
 }
 
 /// Sends `job` whole on its blocking socket, in as few `sendmsg` calls as the socket allows.
-fn send_blocking(job: &mut Job<'_>) -> std::io::Result<()> {
+pub fn send_blocking(job: &mut Job<'_>) -> std::io::Result<()> {
     while !job.done() {
         let n = sendmsg(job.fd, job.rest(), 0)?.unwrap_or(0);
         job.advance(n);
@@ -237,7 +237,7 @@ pub fn sendmsg(fd: RawFd, bufs: &[IoSlice<'_>], flags: i32) -> std::io::Result<O
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io::Read;
     use std::net::{TcpListener, TcpStream};
@@ -272,17 +272,23 @@ mod tests {
         }
     }
 
-    /// Several sockets at once, each with more than its buffer holds: all bytes arrive, in
-    /// order, on the right socket.
-    #[test]
-    fn parallel_sends_deliver_every_job_whole() {
+    /// Sends through `send`, at once, more than each of `n` sockets' buffers holds; checks
+    /// that every byte arrives, in order, on its socket. Shared by the send paths' tests.
+    pub(crate) fn check_sends_at_once(
+        n: u8,
+        send: impl FnOnce(&mut [Job<'_>]) -> std::io::Result<()>,
+    ) {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let tx: Vec<TcpStream> = (0..3)
+        let tx: Vec<TcpStream> = (0..n)
             .map(|_| TcpStream::connect(l.local_addr().unwrap()).unwrap())
             .collect();
-        let rx: Vec<TcpStream> = (0..3).map(|_| l.accept().unwrap().0).collect();
-        let payloads: Vec<Vec<u8>> = (0..3u8)
-            .map(|i| (0..4_000_000u32).map(|k| (k as u8) ^ i).collect())
+        let rx: Vec<TcpStream> = (0..n).map(|_| l.accept().unwrap().0).collect();
+        let payloads: Vec<Vec<u8>> = (0..n)
+            .map(|i| {
+                (0..4_000_000u32)
+                    .map(|k| (k as u8).wrapping_mul(3) ^ i)
+                    .collect()
+            })
             .collect();
         let readers: Vec<_> = rx
             .into_iter()
@@ -294,7 +300,7 @@ mod tests {
                 })
             })
             .collect();
-        let heads: Vec<[u8; 4]> = (0..3u8).map(|i| [i; 4]).collect();
+        let heads: Vec<[u8; 4]> = (0..n).map(|i| [i; 4]).collect();
         let mut jobs: Vec<Job> = tx
             .iter()
             .zip(&heads)
@@ -306,7 +312,7 @@ mod tests {
                 )
             })
             .collect();
-        send_parallel(&mut jobs).unwrap();
+        send(&mut jobs).unwrap();
         drop(jobs);
         drop(tx);
         for (i, r) in readers.into_iter().enumerate() {
@@ -314,5 +320,10 @@ mod tests {
             assert_eq!(got[..4], heads[i]);
             assert!(got[4..] == payloads[i][..], "socket {i}");
         }
+    }
+
+    #[test]
+    fn parallel_sends_deliver_every_job_whole() {
+        check_sends_at_once(3, send_parallel);
     }
 }

@@ -117,9 +117,6 @@ fn submit(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Read;
-    use std::net::{TcpListener, TcpStream};
-    use std::os::fd::AsRawFd;
 
     /// Several sockets, each with more than its buffer holds, through the ring: every byte
     /// arrives in order on its socket (skipped where io_uring is refused).
@@ -132,47 +129,6 @@ mod tests {
                 return;
             }
         };
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let tx: Vec<TcpStream> = (0..2)
-            .map(|_| TcpStream::connect(l.local_addr().unwrap()).unwrap())
-            .collect();
-        let rx: Vec<TcpStream> = (0..2).map(|_| l.accept().unwrap().0).collect();
-        let payloads: Vec<Vec<u8>> = (0..2u8)
-            .map(|i| {
-                (0..3_000_000u32)
-                    .map(|k| (k as u8).wrapping_mul(3) ^ i)
-                    .collect()
-            })
-            .collect();
-        let readers: Vec<_> = rx
-            .into_iter()
-            .map(|mut s| {
-                std::thread::spawn(move || {
-                    let mut got = Vec::new();
-                    s.read_to_end(&mut got).unwrap();
-                    got
-                })
-            })
-            .collect();
-        let heads = [[1u8; 8], [2u8; 8]];
-        let mut jobs: Vec<Job> = tx
-            .iter()
-            .zip(&heads)
-            .zip(&payloads)
-            .map(|((s, h), p)| {
-                Job::new(
-                    s.as_raw_fd(),
-                    [IoSlice::new(&[]), IoSlice::new(h), IoSlice::new(p)],
-                )
-            })
-            .collect();
-        ring.send(&mut jobs).unwrap();
-        drop(jobs);
-        drop(tx);
-        for (i, r) in readers.into_iter().enumerate() {
-            let got = r.join().unwrap();
-            assert_eq!(got[..8], heads[i]);
-            assert!(got[8..] == payloads[i][..], "socket {i}");
-        }
+        super::super::stripe::tests::check_sends_at_once(2, |jobs| ring.send(jobs));
     }
 }
