@@ -185,7 +185,7 @@ pub fn connect_to(
                 s,
                 (cfg.fifo_depth, eager, nsocks),
             )));
-            watched.push((fd, inbox.clone()));
+            watched.push((fd, inbox.clone(), peer.clone()));
             mine.push(inbox);
         }
         inboxes.push(mine);

@@ -71,53 +71,70 @@ enum Step {
 /// less than this long ago.
 const ENGINE_GRACE: std::time::Duration = std::time::Duration::from_micros(200);
 
+/// A connection the receiving thread watches: its socket, inbox and peer.
+pub(super) type Watched = (RawFd, Arc<Mutex<Inbox>>, Arc<Peer>);
+
 /// The receiving thread of one device: blocks in `epoll_wait` on every connection in
 /// `conns` (their sockets and inboxes), applies what arrives where no engine polls, rings
 /// `bell` after each frame; a connection that ends or breaks is recorded (its peer is dead)
 /// and dropped from the set. Returns when no connection is left.
-pub(super) fn run(conns: Vec<(RawFd, Arc<Mutex<Inbox>>)>, bell: Doorbell) {
+///
+/// A socket whose peer the engine polls is taken out of the set (*parked*) until the engine
+/// has not polled that peer for [`ENGINE_GRACE`]: the engine applies what arrives itself, and
+/// a thread woken for every message would take a core from it on a small host.
+pub(super) fn run(conns: Vec<Watched>, bell: Doorbell) {
+    let fail_all = |why: Error| {
+        for (_, inbox, _) in &conns {
+            lock(inbox).break_with(why.clone());
+        }
+        bell.ring();
+    };
     let epoll = match Epoll::new(&conns) {
         Ok(e) => e,
-        Err(e) => {
-            for (_, inbox) in &conns {
-                lock(inbox).break_with(Error::system("tcp: epoll", &e));
-            }
-            bell.ring();
-            return;
-        }
+        Err(e) => return fail_all(Error::system("tcp: epoll", &e)),
     };
     let mut live = conns.len();
+    let mut parked = vec![false; conns.len()];
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; conns.len().min(256)];
     while live > 0 {
-        let ready = match epoll.wait(&mut events) {
-            Ok(n) => n,
-            Err(e) => {
-                for (_, inbox) in &conns {
-                    lock(inbox).break_with(Error::Remote(format!("tcp: epoll_wait: {e}")));
+        // Sockets whose peer the engine stopped polling are watched again (level-triggered:
+        // what arrived meanwhile is reported at once).
+        let mut any_parked = false;
+        for (i, (fd, _, peer)) in conns.iter().enumerate() {
+            if parked[i] && !peer.polled_recently() {
+                parked[i] = false;
+                if let Err(e) = epoll.watch(*fd, i, true) {
+                    return fail_all(Error::system("tcp: epoll_ctl", &e));
                 }
-                bell.ring();
-                return;
             }
+            any_parked |= parked[i];
+        }
+        let ready = match epoll.wait(&mut events, if any_parked { 0 } else { -1 }) {
+            Ok(n) => n,
+            Err(e) => return fail_all(Error::Remote(format!("tcp: epoll_wait: {e}"))),
         };
-        let mut left_to_engine = false;
+        if ready == 0 {
+            std::thread::sleep(ENGINE_GRACE);
+            continue;
+        }
         for ev in &events[..ready] {
-            let (fd, inbox) = &conns[ev.u64 as usize];
-            let mut inbox = lock(inbox);
-            // While the engine polls this peer it applies what arrives itself; taking the
-            // socket now would only make it wait (and cost a core on a small host).
-            if inbox.broken.is_none() && inbox.peer.polled_recently() {
-                left_to_engine = true;
+            let i = ev.u64 as usize;
+            let (fd, inbox, peer) = &conns[i];
+            if parked[i] {
                 continue;
             }
-            if inbox.drain(&bell).is_err() {
+            if peer.polled_recently() && lock(inbox).broken.is_none() {
+                parked[i] = true;
+                if let Err(e) = epoll.watch(*fd, i, false) {
+                    return fail_all(Error::system("tcp: epoll_ctl", &e));
+                }
+                continue;
+            }
+            if lock(inbox).drain(&bell).is_err() {
                 epoll.remove(*fd);
                 live -= 1;
                 bell.ring();
             }
-        }
-        if left_to_engine {
-            // Level-triggered: the socket stays ready; look again after the grace period.
-            std::thread::sleep(ENGINE_GRACE);
         }
     }
 }
@@ -126,7 +143,7 @@ pub(super) fn run(conns: Vec<(RawFd, Arc<Mutex<Inbox>>)>, bell: Doorbell) {
 struct Epoll(std::os::fd::OwnedFd);
 
 impl Epoll {
-    fn new(conns: &[(RawFd, Arc<Mutex<Inbox>>)]) -> std::io::Result<Epoll> {
+    fn new(conns: &[Watched]) -> std::io::Result<Epoll> {
         // SAFETY: plain system call; the result is checked.
         let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if fd < 0 {
@@ -134,7 +151,7 @@ impl Epoll {
         }
         // SAFETY: `fd` is a new descriptor nothing else owns.
         let e = Epoll(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) });
-        for (i, (sock, _)) in conns.iter().enumerate() {
+        for (i, (sock, _, _)) in conns.iter().enumerate() {
             let mut ev = libc::epoll_event {
                 events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
                 u64: i as u64,
@@ -147,8 +164,9 @@ impl Epoll {
         Ok(e)
     }
 
-    /// Waits for ready sockets; returns how many of `events` were filled.
-    fn wait(&self, events: &mut [libc::epoll_event]) -> std::io::Result<usize> {
+    /// Waits for ready sockets (at most `timeout_ms`, -1: no limit); returns how many of
+    /// `events` were filled.
+    fn wait(&self, events: &mut [libc::epoll_event], timeout_ms: i32) -> std::io::Result<usize> {
         loop {
             // SAFETY: `events` is valid for `events.len()` entries.
             let n = unsafe {
@@ -156,7 +174,7 @@ impl Epoll {
                     self.0.as_raw_fd(),
                     events.as_mut_ptr(),
                     events.len() as i32,
-                    -1,
+                    timeout_ms,
                 )
             };
             if n >= 0 {
@@ -167,6 +185,25 @@ impl Epoll {
                 return Err(e);
             }
         }
+    }
+
+    /// Watches `sock` (number `index` of the set) for input again (`on`), or stops (errors and
+    /// hang-ups still report).
+    fn watch(&self, sock: RawFd, index: usize, on: bool) -> std::io::Result<()> {
+        let events = if on {
+            libc::EPOLLIN | libc::EPOLLRDHUP
+        } else {
+            0
+        };
+        let mut ev = libc::epoll_event {
+            events: events as u32,
+            u64: index as u64,
+        };
+        // SAFETY: `ev` is a valid event for the call; `sock` is registered.
+        if unsafe { libc::epoll_ctl(self.0.as_raw_fd(), libc::EPOLL_CTL_MOD, sock, &mut ev) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     fn remove(&self, sock: RawFd) {
