@@ -452,16 +452,17 @@ impl RmaDevice for TcpDevice {
         }
         // SAFETY: `src` is valid for `len` reads by contract.
         let payload = unsafe { std::slice::from_raw_parts(src, len) };
-        let parts = stripe::stripes(len, self.nsocks, self.stripe_min);
+        // `addr` comes from the peer's clear-to-send: wrapping, the receiver checks the bounds.
         let frame = |&(off, l): &(usize, usize)| {
             let mut h = Header::new(Kind::Write);
-            (h.slot, h.addr, h.len) = (key, addr + off as u64, l as u64);
+            (h.slot, h.addr, h.len) = (key, addr.wrapping_add(off as u64), l as u64);
             h
         };
         let p = self.peer(peer);
-        if parts.len() == 1 {
-            return p.send(&frame(&parts[0]), payload);
+        if stripe::count(len, self.nsocks, self.stripe_min) == 1 {
+            return p.send(&frame(&(0, len)), payload);
         }
+        let parts = stripe::stripes(len, self.nsocks, self.stripe_min);
         let heads: Vec<_> = parts.iter().map(|s| frame(s).encode()).collect();
         let payloads: Vec<&[u8]> = parts.iter().map(|&(o, l)| &payload[o..o + l]).collect();
         // The slot's immediate must follow these stripes on their connections too.

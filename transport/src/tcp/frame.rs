@@ -103,6 +103,16 @@ impl Header {
         out
     }
 
+    /// Payload bytes that come whole with the header (a clear-to-send entry, an eager message,
+    /// a failure text; bounded by [`Header::decode`]); 0 for the kinds whose payload goes
+    /// straight into place or that have none.
+    pub fn inline_len(&self) -> usize {
+        match self.kind {
+            Kind::Cts | Kind::Eager | Kind::Fail => self.len as usize,
+            _ => 0,
+        }
+    }
+
     /// Decodes and checks what needs no state: the kind, the slot against `depth`, and the
     /// payload lengths of the kinds whose length is bounded by the format.
     pub fn decode(b: &[u8; HEADER], depth: usize, eager_max: usize) -> Result<Header> {

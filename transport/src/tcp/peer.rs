@@ -274,19 +274,10 @@ impl Peer {
     /// where the socket takes it all (whole, or an error naming the peer).
     pub fn send(&self, h: &Header, payload: &[u8]) -> Result<()> {
         let mut out = lock(&self.out);
-        let head = h.encode();
-        let fd = out.stream.as_raw_fd();
-        let sent = self.path.send(&mut [Job::new(
-            fd,
-            [
-                IoSlice::new(&out.deferred),
-                IoSlice::new(&head),
-                IoSlice::new(payload),
-            ],
-        )]);
-        out.deferred.clear();
-        self.has_deferred.store(false, Ordering::Relaxed);
-        sent.map_err(|e| self.lost(e))
+        self.send_out(&mut out, &h.encode(), payload, |job| {
+            self.path.send(std::slice::from_mut(job))
+        })
+        .map_err(|e| self.lost(e))
     }
 
     /// Sends the answer to the peer's read request from the receiving side, always with
@@ -295,17 +286,29 @@ impl Peer {
     /// receiving threads would then each wait for the other's thread: a deadlock.)
     pub fn send_response(&self, h: &Header, payload: &[u8]) -> Result<()> {
         let mut out = lock(&self.out);
-        let head = h.encode();
+        self.send_out(&mut out, &h.encode(), payload, super::stripe::send_blocking)
+            .map_err(|e| self.lost(e))
+    }
+
+    /// Sends on connection 0 the deferred frames, then `head` and `payload`, through `send`;
+    /// the deferred frames are gone afterwards either way (a lost connection loses them).
+    fn send_out(
+        &self,
+        out: &mut Outbox,
+        head: &[u8],
+        payload: &[u8],
+        send: impl FnOnce(&mut Job<'_>) -> std::io::Result<()>,
+    ) -> std::io::Result<()> {
         let fd = out.stream.as_raw_fd();
         let bufs = [
             IoSlice::new(&out.deferred),
-            IoSlice::new(&head),
+            IoSlice::new(head),
             IoSlice::new(payload),
         ];
-        let sent = super::stripe::send_blocking(&mut Job::new(fd, bufs));
+        let sent = send(&mut Job::new(fd, bufs));
         out.deferred.clear();
         self.has_deferred.store(false, Ordering::Relaxed);
-        sent.map_err(|e| self.lost(e))
+        sent
     }
 
     fn lost(&self, e: std::io::Error) -> Error {
@@ -325,7 +328,6 @@ impl Peer {
             return true;
         }
         self.send_deferred(&mut out);
-        self.has_deferred.store(false, Ordering::Relaxed);
         false
     }
 
@@ -334,22 +336,13 @@ impl Peer {
         if !self.has_deferred.load(Ordering::Relaxed) {
             return;
         }
-        let mut out = lock(&self.out);
-        self.send_deferred(&mut out);
-        self.has_deferred.store(false, Ordering::Relaxed);
+        self.send_deferred(&mut lock(&self.out));
     }
 
+    /// Sends the deferred frames, if any (clearing `has_deferred`).
     fn send_deferred(&self, out: &mut Outbox) {
         if !out.deferred.is_empty() {
-            let fd = out.stream.as_raw_fd();
-            let none: &[u8] = &[];
-            let bufs = [
-                IoSlice::new(&out.deferred),
-                IoSlice::new(none),
-                IoSlice::new(none),
-            ];
-            let _ = self.path.send(&mut [Job::new(fd, bufs)]);
-            out.deferred.clear();
+            let _ = self.send_out(out, &[], &[], super::stripe::send_blocking);
         }
     }
 

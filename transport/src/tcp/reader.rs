@@ -342,10 +342,7 @@ impl Inbox {
             .try_into()
             .expect("a header");
         let h = Header::decode(head, self.depth, self.eager_max)?;
-        let whole = match h.kind {
-            Kind::Cts | Kind::Eager | Kind::Fail => h.len as usize,
-            _ => 0,
-        };
+        let whole = h.inline_len();
         if self.buffered() < HEADER + whole {
             return Ok(if self.fill_buf()? {
                 Step::Moved
@@ -391,18 +388,8 @@ impl Inbox {
 
     /// Applies frame `h`, whose payload (if taken whole) starts at `buf[body]`.
     fn apply(&mut self, h: &Header, body: usize) -> Result<()> {
-        let peer = self.peer.clone();
         let slot = h.slot as usize;
-        let payload = &self.buf[body..body
-            + match h.kind {
-                Kind::Cts | Kind::Eager | Kind::Fail => h.len as usize,
-                _ => 0,
-            }];
         match h.kind {
-            Kind::Cts => {
-                let b: &[u8; CTS_BYTES] = payload.try_into().expect("a clear-to-send entry");
-                peer.cts[slot].store(&frame::decode_cts(b));
-            }
             Kind::Write => {
                 self.check_region(slot, h.addr, h.len, false)?;
                 if h.len > 0 {
@@ -410,6 +397,17 @@ impl Inbox {
                     self.partial = Some((h.addr as *mut u8, h.len as usize));
                     self.continue_write(h.addr as *mut u8, h.len as usize)?;
                 }
+                return Ok(());
+            }
+            Kind::ReadResp => return self.read_response(h),
+            _ => {}
+        }
+        let peer = &*self.peer;
+        let payload = &self.buf[body..body + h.inline_len()];
+        match h.kind {
+            Kind::Cts => {
+                let b: &[u8; CTS_BYTES] = payload.try_into().expect("a clear-to-send entry");
+                peer.cts[slot].store(&frame::decode_cts(b));
             }
             Kind::Imm => {
                 // A striped transfer's immediate comes once per connection that carried a
@@ -452,7 +450,7 @@ impl Inbox {
                 resp.len = h.len;
                 peer.send_response(&resp, src)?;
             }
-            Kind::ReadResp => self.read_response(h)?,
+            Kind::Write | Kind::ReadResp => unreachable!("applied above"),
             Kind::Fail => peer.set_failed(String::from_utf8_lossy(payload).into_owned()),
         }
         Ok(())

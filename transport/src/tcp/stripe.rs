@@ -39,10 +39,16 @@ pub static STRIPE_MIN: Param = Param::new(
     "smallest stripe when a TCP write is cut over several connections (AMPCCL_NSOCKS > 1)",
 );
 
+/// How many stripes `len` bytes are cut into over at most `nsocks` connections, each of at
+/// least `min` bytes (1 when short).
+pub fn count(len: usize, nsocks: usize, min: usize) -> usize {
+    (len / min.max(1)).clamp(1, nsocks.max(1))
+}
+
 /// How `len` bytes are cut over at most `nsocks` connections with stripes of at least
-/// `min` bytes: `(offset, len)` per stripe, in connection order (one stripe when short).
+/// `min` bytes ([`count`]): `(offset, len)` per stripe, in connection order.
 pub fn stripes(len: usize, nsocks: usize, min: usize) -> Vec<(usize, usize)> {
-    let n = (len / min.max(1)).clamp(1, nsocks.max(1));
+    let n = count(len, nsocks, min);
     let base = len / n;
     let extra = len % n;
     let mut out = Vec::with_capacity(n);
@@ -81,6 +87,7 @@ impl<'a> Job<'a> {
     }
 
     /// Bytes not sent yet.
+    #[cfg(feature = "io-uring")]
     fn len(&self) -> usize {
         self.rest().iter().map(|b| b.len()).sum()
     }
