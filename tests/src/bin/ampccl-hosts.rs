@@ -199,6 +199,10 @@ fn iperf3(hosts: &Hosts, args: &str) -> Result<ExitCode, String> {
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     };
+    if !out.status.success() {
+        // The server saw no test and would wait for one forever.
+        let _ = server.kill();
+    }
     let _ = server.wait();
     let text = String::from_utf8_lossy(&out.stdout);
     for line in text
