@@ -16,6 +16,10 @@
 //! parameter"). 2-rank broadcasts run [`super::broadcast_pair`] instead, in which both ranks
 //! copy at once: its receiver pulls from shared memory rather than through cross-memory
 //! attach, which lost to the chain.
+//!
+//! A chunk from a rank on another host is received straight into the output and forwarded from
+//! there: over the network the receiver's own core copies every byte out of its socket
+//! wherever it lands, so the window would only add a copy.
 
 use ampccl_runtime::Result;
 
@@ -36,10 +40,11 @@ impl Executor for BroadcastChain {
 
     fn orchestrate(&self, p: &OpParam, res: &mut AlgResourceResponse<'_>) -> Result<()> {
         let (from, to) = Chain::new(p).from_root();
+        let remote = from.is_some_and(|r| !res.topology.is_local(r));
         let mut stage = Deliver {
             head: from.is_none(),
             keep: true,
-            direct: false,
+            direct: remote && res.user_mem_links,
         };
         pipe::run_chain(p, res, (from, to), &mut stage)
     }

@@ -40,8 +40,12 @@ pub struct AllReduceOperator;
 impl Operator for AllReduceOperator {
     fn select_alg(&self, p: &OpParam, ctx: &SelectCtx) -> (&'static str, u64) {
         let bytes = p.count * p.elem();
+        // Across hosts the pair's one-shot waits for the whole message before it reduces; the
+        // ring's two halves overlap the network with the reductions.
         let one_shot = bytes * p.world <= ONE_SHOT_MAX_BYTES.bytes()
-            || (p.world == 2 && bytes >= ONE_SHOT_PAIR_MIN_BYTES.bytes());
+            || (p.world == 2
+                && bytes >= ONE_SHOT_PAIR_MIN_BYTES.bytes()
+                && ctx.topology.hosts() == 1);
         if one_shot && bytes * p.world <= ctx.ccl_size {
             (allreduce_oneshot::NAME, 0)
         } else if p.world == 2
@@ -89,16 +93,27 @@ mod tests {
         selected(OpKind::AllReduce, bytes, world, in_place, &ctx)
     }
 
-    /// Across hosts the pair (reads of the peer's memory, a round trip each) gives way to the
+    /// Across hosts the pair (reads of the peer's memory, a round trip each) and the 2-rank
+    /// one-shot of mid-sized messages (no overlap of network and reduction) give way to the
     /// ring.
     #[test]
-    fn two_hosts_take_the_ring_where_one_host_takes_the_pair() {
-        let big = allreduce_pair::MIN_BYTES.bytes();
+    fn two_hosts_take_the_ring_where_one_host_takes_the_pair_or_one_shot() {
         let two_hosts = Topology::new(&[1, 2], 0);
-        assert_eq!(pick(big, 2, false, 4 << 20), allreduce_pair::NAME);
+        let mid = ONE_SHOT_PAIR_MIN_BYTES.bytes();
+        for (bytes, one_host) in [
+            (allreduce_pair::MIN_BYTES.bytes(), allreduce_pair::NAME),
+            (mid, allreduce_oneshot::NAME),
+        ] {
+            assert_eq!(pick(bytes, 2, false, 4 << 20), one_host);
+            assert_eq!(
+                pick_on(&two_hosts, 2, bytes, (false, 4 << 20)),
+                allreduce_ring::NAME
+            );
+        }
+        // Small messages stay one-shot everywhere.
         assert_eq!(
-            pick_on(&two_hosts, 2, big, (false, 4 << 20)),
-            allreduce_ring::NAME
+            pick_on(&two_hosts, 2, 8, (false, 4 << 20)),
+            allreduce_oneshot::NAME
         );
     }
 

@@ -62,6 +62,19 @@ pub struct VerifyConfig {
     /// Where the receive slots in `CclIn` start (earlier calls of a communicator move it, see
     /// [`crate::steps::window`]).
     pub window_cursor: usize,
+    /// Ranks per host, hosts filled in rank order (`usize::MAX`: all on one host); algorithms
+    /// may treat links to other hosts differently ([`AlgResourceResponse::topology`]).
+    pub ranks_per_host: usize,
+}
+
+impl VerifyConfig {
+    /// Rank `rank`'s view of the hosts of a `world`-rank communicator.
+    fn topology(&self, world: usize, rank: usize) -> Topology {
+        let host_ids: Vec<u64> = (0..world)
+            .map(|r| (r / self.ranks_per_host.max(1)) as u64)
+            .collect();
+        Topology::new(&host_ids, rank)
+    }
 }
 
 impl Default for VerifyConfig {
@@ -72,6 +85,7 @@ impl Default for VerifyConfig {
             shared_ranks: 0,
             fifo_depth: 256,
             window_cursor: 0,
+            ranks_per_host: usize::MAX,
         }
     }
 }
@@ -235,7 +249,7 @@ pub fn verify_send_recv(
 
 /// The operator's choice for `param` under `cfg`.
 pub fn selection(param: &OpParam, cfg: &VerifyConfig) -> &'static str {
-    let topology = Topology::single_host(param.world, param.rank);
+    let topology = cfg.topology(param.world, param.rank);
     let ctx = SelectCtx {
         ccl_size: cfg.ccl_size,
         user_mem_links: cfg.user_mem_links,
@@ -390,6 +404,7 @@ fn record(job: &RankJob<'_>, cfg: &VerifyConfig) -> Result<RankSim, VerifyError>
         (cfg.user_mem_links, shared_user),
     );
     let cursor = Cell::new(cfg.window_cursor);
+    let topology = cfg.topology(p.world, r);
     let result = job.exec.orchestrate(
         &p,
         &mut AlgResourceResponse {
@@ -401,7 +416,7 @@ fn record(job: &RankJob<'_>, cfg: &VerifyConfig) -> Result<RankSim, VerifyError>
             user_mem_links: cfg.user_mem_links,
             shared_user,
             cache_bytes: 0,
-            topology: &Topology::single_host(p.world, p.rank),
+            topology: &topology,
             ccl_in_cursor: &cursor,
             tasks: &mut rec,
         },

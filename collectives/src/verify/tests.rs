@@ -78,8 +78,18 @@ fn params(kind: OpKind, world: usize) -> Vec<OpParam> {
     v
 }
 
-/// `(user_mem_links, shared_ranks)` of every verification.
-const SETUPS: [(bool, u64); 4] = [(false, 0), (true, 0), (false, u64::MAX), (false, 1)];
+/// `(user_mem_links, shared_ranks, ranks_per_host)` of every verification: one host with links
+/// into any user memory or not, user buffers in shared memory on every rank or on rank 0 only
+/// (each rank decides from its own buffers); and hosts of one and of two ranks, linked by a
+/// network provider (which receives into any memory).
+const SETUPS: [(bool, u64, usize); 6] = [
+    (false, 0, usize::MAX),
+    (true, 0, usize::MAX),
+    (false, u64::MAX, usize::MAX),
+    (false, 1, usize::MAX),
+    (true, 0, 1),
+    (true, 0, 2),
+];
 
 /// Verifies every entry of `kind`; returns `(name, passed, skipped)` per entry.
 fn verify_kind(kind: OpKind) -> Vec<(&'static str, usize, usize)> {
@@ -90,9 +100,7 @@ fn verify_kind(kind: OpKind) -> Vec<(&'static str, usize, usize)> {
         let (mut passed, mut skipped) = (0, 0);
         for world in 2..=8 {
             for p in params(kind, world) {
-                // Links into any user memory; or user buffers in shared memory on every rank,
-                // or on rank 0 only (each rank decides from its own buffers).
-                for (user_mem_links, shared_ranks) in SETUPS {
+                for (user_mem_links, shared_ranks, ranks_per_host) in SETUPS {
                     // Receive slots from wherever earlier calls left the cursor.
                     let cfg = VerifyConfig {
                         ccl_size: CCL,
@@ -100,6 +108,7 @@ fn verify_kind(kind: OpKind) -> Vec<(&'static str, usize, usize)> {
                         shared_ranks,
                         fifo_depth: 256,
                         window_cursor: (p.count * 24 + world * 8) % CCL,
+                        ranks_per_host,
                     };
                     match verify_entry(&reg, entry, &p, &cfg) {
                         Ok(_) => passed += 1,
@@ -110,7 +119,7 @@ fn verify_kind(kind: OpKind) -> Vec<(&'static str, usize, usize)> {
                             skipped += 1
                         }
                         Err(e) => failures.push(format!(
-                            "{} on {} (world {world}, rank {}, in_place {}, uml {user_mem_links}, shared {shared_ranks:#x}): {e}",
+                            "{} on {} (world {world}, rank {}, in_place {}, uml {user_mem_links}, shared {shared_ranks:#x}, ranks per host {ranks_per_host}): {e}",
                             entry.name,
                             p.describe(),
                             p.rank,
