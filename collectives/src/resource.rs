@@ -294,6 +294,15 @@ impl AlgResourceResponse<'_> {
         crate::executor::beyond_cache(self.cache_bytes, bytes)
     }
 
+    /// Whether data from `from` is best received straight into `buf` rather than into a
+    /// window slot and copied there: where `buf` is shared user memory (the sender's copy is
+    /// the only one), or where `from` is on another host and the link receives into any memory
+    /// (the receiver's core copies every byte out of its socket wherever it lands, so a slot
+    /// would only add a copy).
+    pub fn lands_directly(&self, from: usize, buf: BufKind) -> bool {
+        self.shared_user.reaches(buf) || (self.user_mem_links && !self.topology.is_local(from))
+    }
+
     /// Whole sends/receives, for executors that do not split the primitives.
     pub fn send(&mut self, s: StreamId, peer: usize, src: Mem, len: usize) -> Result<()> {
         self.tasks.tx_async(s, peer, src, len)?;

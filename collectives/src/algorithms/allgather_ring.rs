@@ -8,7 +8,8 @@
 //! also where links could write the peer's output directly: through the window the sender's
 //! copy and the receiver's copy out run on both cores at once, whereas a cross-memory write
 //! costs a system call and pins pages as it goes (docs/TUNING.md, "Choices without a
-//! parameter").
+//! parameter"). A block from another host lands in the output directly: over the network the
+//! receiver copies it out of its socket anyway ([`ring::all_gather`]).
 
 use ampccl_runtime::Result;
 

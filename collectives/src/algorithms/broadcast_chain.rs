@@ -40,11 +40,13 @@ impl Executor for BroadcastChain {
 
     fn orchestrate(&self, p: &OpParam, res: &mut AlgResourceResponse<'_>) -> Result<()> {
         let (from, to) = Chain::new(p).from_root();
-        let remote = from.is_some_and(|r| !res.topology.is_local(r));
+        // Not `lands_directly`: on one host the window lets both ranks copy at once even where
+        // the output is shared.
+        let direct = from.is_some_and(|r| res.user_mem_links && !res.topology.is_local(r));
         let mut stage = Deliver {
             head: from.is_none(),
             keep: true,
-            direct: remote && res.user_mem_links,
+            direct,
         };
         pipe::run_chain(p, res, (from, to), &mut stage)
     }

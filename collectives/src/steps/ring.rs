@@ -159,7 +159,8 @@ pub fn reduce_scatter(
 
 /// Ring allgather over the output blocks of `round`: rank `r` starts owning block
 /// `r + shift`; after `world - 1` steps every rank has every block in the output. Blocks land
-/// in a slot and are copied out, or straight in the output where that is shared user memory.
+/// in a slot and are copied out, or straight in the output where that costs no extra copy
+/// ([`AlgResourceResponse::lands_directly`]: shared user memory, or a link from another host).
 pub fn all_gather(
     p: &OpParam,
     res: &mut AlgResourceResponse<'_>,
@@ -176,9 +177,9 @@ pub fn all_gather(
         let (src, send_len) = round.output(send_j, e);
         let bytes = recv_len * e;
         let slot = ring.next_slot();
-        // Straight into the output where peers map it (no copy out; `copy` skips a copy onto
+        // Straight into the output where that saves the copy out (`copy` skips a copy onto
         // itself).
-        let at = if res.shared_user.reaches(dst.buf) {
+        let at = if res.lands_directly(ring.prev, dst.buf) {
             dst
         } else {
             slot
