@@ -68,7 +68,8 @@ pub(crate) struct EngineInner {
 }
 
 /// What an idle driver calls (a transport's flush of coalesced frames).
-pub type IdleHook = Box<dyn Fn() + Send + Sync>;
+/// See [`Engine::set_idle_hook`]; the argument is true when the driver is about to sleep.
+pub type IdleHook = Box<dyn Fn(bool) + Send + Sync>;
 
 /// Owner handle of an engine; dropping it stops the background thread.
 pub struct Engine {
@@ -132,8 +133,11 @@ impl Engine {
     }
 
     /// Sets (once) what a driver calls when a pass over the streams made no progress, before
-    /// it spins, yields or sleeps: a transport that holds small frames back to send them
-    /// together flushes them there, so nothing waits on a frame its sender sits on.
+    /// it spins or yields (`false`), and right before it sleeps on the doorbell after its last
+    /// look (`true`): a transport that holds small frames back to send them together flushes
+    /// them there, so nothing waits on a frame its sender sits on; one whose receiving thread
+    /// stands back while the engine polls hands it the connections back before the sleep, so
+    /// that what arrives next rings the doorbell.
     pub fn set_idle_hook(&self, hook: IdleHook) {
         let _ = self.inner.idle_hook.set(hook);
     }
@@ -286,6 +290,7 @@ impl EngineInner {
                 if let Some(r) = done() {
                     break r;
                 }
+                self.sleeping();
                 backoff.sleep(&self.bell, seen);
             }
         };
@@ -296,9 +301,16 @@ impl EngineInner {
     /// An idle driver's step: the idle hook, then `backoff`'s pause; true once it should sleep.
     fn idle(&self, backoff: &mut Backoff) -> bool {
         if let Some(hook) = self.idle_hook.get() {
-            hook();
+            hook(false);
         }
         backoff.pause()
+    }
+
+    /// A driver's last step before it sleeps on the doorbell (after its last look).
+    fn sleeping(&self) {
+        if let Some(hook) = self.idle_hook.get() {
+            hook(true);
+        }
     }
 
     fn spin(&self) -> Duration {
@@ -364,6 +376,7 @@ impl EngineInner {
             if self.try_progress() {
                 backoff = Backoff::new(self.spin());
             } else if self.idle(&mut backoff) {
+                self.sleeping();
                 backoff.sleep(&self.bell, seen);
             }
         }

@@ -272,6 +272,9 @@ impl Transport for MixedDevice {
     fn flush(&self) {
         Transport::flush(&*self.tcp);
     }
+    fn driver_sleeps(&self) {
+        Transport::driver_sleeps(&*self.tcp);
+    }
     fn holds_frames_back(&self) -> bool {
         true
     }

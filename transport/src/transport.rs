@@ -47,7 +47,12 @@ pub trait Transport: RmaDevice {
     /// Sends what the provider holds back to coalesce small frames; the engine calls it when
     /// it finds nothing to do (providers that hold nothing back ignore it).
     fn flush(&self) {}
-    /// Whether the provider holds frames back (and needs [`Transport::flush`] at all).
+    /// The engine's driver is about to sleep on the doorbell after its last look: a provider
+    /// whose receiving thread stands back while the engine polls (so as not to take its core)
+    /// hands that thread the connections back, so that what arrives next rings the doorbell.
+    fn driver_sleeps(&self) {}
+    /// Whether the provider holds frames back or stands its receiving thread back while the
+    /// engine polls (and needs [`Transport::flush`] and [`Transport::driver_sleeps`] at all).
     fn holds_frames_back(&self) -> bool {
         false
     }

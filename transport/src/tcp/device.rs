@@ -17,7 +17,7 @@ use rand::TryRngCore;
 
 use super::frame::{self, Header, Kind, MAX_TEXT};
 use super::peer::{Peer, PendingRead, Region, lock};
-use super::reader::{self, Inbox};
+use super::reader::{self, Handback, Inbox};
 use super::stripe::{self, NSOCKS, STRIPE_MIN};
 use crate::bootstrap::Bootstrap;
 use crate::device::{CTS_READ, CtsEntry, EagerHeader, IMM_ERROR, OpRecord, RmaDevice};
@@ -60,6 +60,8 @@ pub struct TcpDevice {
     timeout: Duration,
     /// Whether a peer may hold deferred frames (see [`super::peer`]).
     any_deferred: AtomicBool,
+    /// Wakes the receiving thread when the engine stops polling (see [`reader::run`]).
+    handback: Arc<Handback>,
 }
 
 /// Connects this rank to every peer of `boot` over TCP.
@@ -191,11 +193,12 @@ pub fn connect_to(
         inboxes.push(mine);
         peers.push(Some(peer));
     }
+    let handback = Arc::new(Handback::new().map_err(|e| Error::system("tcp: eventfd", e))?);
     if !watched.is_empty() {
-        let thread_bell = bell.clone();
+        let (thread_bell, word) = (bell.clone(), handback.clone());
         std::thread::Builder::new()
             .name("ampccl-tcp-rx".into())
-            .spawn(move || reader::run(watched, thread_bell))
+            .spawn(move || reader::run(watched, thread_bell, word, reader::PARKED_RECHECK))
             .map_err(|e| Error::system("tcp: spawn the receiving thread", e))?;
     }
     tracing::debug!(
@@ -217,6 +220,7 @@ pub fn connect_to(
         read_ids: AtomicU32::new(0),
         timeout: boot.timeout(),
         any_deferred: AtomicBool::new(false),
+        handback,
     }))
 }
 
@@ -676,6 +680,17 @@ impl Transport for TcpDevice {
     }
     fn holds_frames_back(&self) -> bool {
         true
+    }
+    fn driver_sleeps(&self) {
+        // Only when the engine polled some peer since the last word: a driver that naps again
+        // and again costs the thread nothing.
+        let mut polled = false;
+        for p in self.peers.iter().flatten() {
+            polled |= p.stop_polling();
+        }
+        if polled {
+            self.handback.give();
+        }
     }
     fn flush(&self) {
         // A frame deferred after the swap sets the flag again; one deferred before it is

@@ -29,6 +29,11 @@ use super::frame::{HEADER, Header};
 use super::stripe::{Job, SendPath};
 use crate::device::{CtsEntry, EagerHeader};
 
+/// How long after the engine's last poll of a peer its receiving thread still leaves that
+/// peer's readable sockets to the engine (see [`super::reader`]), unless the engine said it
+/// stopped ([`Peer::stop_polling`]).
+pub const ENGINE_GRACE: std::time::Duration = std::time::Duration::from_micros(200);
+
 /// One eager slot: the inbox fills it while it is empty ([`EagerSlot::put`]), the protocol
 /// reads it once its index shows ([`EagerSlot::peek`], [`EagerSlot::read`]) and empties it
 /// before posting the slot's credit ([`EagerSlot::release`]); the sender writes the slot again
@@ -402,13 +407,27 @@ impl Peer {
     /// Records that the engine polls this peer now.
     pub fn mark_polled(&self) {
         let now = self.epoch.elapsed().as_nanos() as u64;
-        self.polled.store(now.max(1), Ordering::Relaxed);
+        self.polled.store(now.max(1), Ordering::Release);
     }
 
-    /// Whether the engine polled this peer within the receiving thread's grace period.
+    /// Records that the engine stopped polling this peer (its driver goes to sleep); true if
+    /// it had polled it since the last call.
+    pub fn stop_polling(&self) -> bool {
+        self.polled.swap(0, Ordering::AcqRel) != 0
+    }
+
+    /// Marks the peer polled until [`Peer::stop_polling`], however long that takes (tests).
+    #[cfg(test)]
+    pub fn poll_until_stopped(&self) {
+        self.polled.store(u64::MAX, Ordering::Release);
+    }
+
+    /// Whether the engine polled this peer less than [`ENGINE_GRACE`] ago and has not stopped.
     pub fn polled_recently(&self) -> bool {
-        let at = self.polled.load(Ordering::Relaxed);
-        at != 0 && (self.epoch.elapsed().as_nanos() as u64).saturating_sub(at) < 200_000
+        let at = self.polled.load(Ordering::Acquire);
+        at != 0
+            && (self.epoch.elapsed().as_nanos() as u64).saturating_sub(at)
+                < ENGINE_GRACE.as_nanos() as u64
     }
 
     /// The peer's failure or loss, as the error a waiter reports.

@@ -19,9 +19,10 @@
 
 use std::io::Read;
 use std::net::TcpStream;
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use ampccl_runtime::doorbell::Doorbell;
 use ampccl_runtime::{Error, Result};
@@ -67,9 +68,11 @@ enum Step {
     Idle,
 }
 
-/// How long the receiving thread leaves a readable socket to an engine that polled it last
-/// less than this long ago.
-const ENGINE_GRACE: std::time::Duration = std::time::Duration::from_micros(200);
+/// How often the receiving thread looks whether the engine still polls the peers of parked
+/// sockets when nothing wakes it: the engine says when its driver goes to sleep
+/// ([`Handback`]), so this only bounds how long a socket stays parked after the engine ended
+/// its work without sleeping (nobody waits for that socket then).
+pub(super) const PARKED_RECHECK: std::time::Duration = std::time::Duration::from_millis(10);
 
 /// A connection the receiving thread watches: its socket, inbox and peer.
 pub(super) type Watched = (RawFd, Arc<Mutex<Inbox>>, Arc<Peer>);
@@ -80,16 +83,22 @@ pub(super) type Watched = (RawFd, Arc<Mutex<Inbox>>, Arc<Peer>);
 /// and dropped from the set. Returns when no connection is left.
 ///
 /// A socket whose peer the engine polls is taken out of the set (*parked*) until the engine
-/// has not polled that peer for [`ENGINE_GRACE`]: the engine applies what arrives itself, and
-/// a thread woken for every message would take a core from it on a small host.
-pub(super) fn run(conns: Vec<Watched>, bell: Doorbell) {
+/// stops polling that peer: the engine applies what arrives itself, and a thread woken for
+/// every message would take a core from it on a small host. The engine's driver says so
+/// through `handback` right before it sleeps (after clearing the peers' poll marks,
+/// [`Peer::stop_polling`]), and the thread re-arms the parked sockets at once; what arrived
+/// meanwhile is reported then (level-triggered), so a message after the driver's last look
+/// rings the doorbell it sleeps on. Without that word the thread looks every `recheck` whether
+/// a peer went unpolled for [`super::peer::ENGINE_GRACE`]; it does not wake while the engine
+/// polls.
+pub(super) fn run(conns: Vec<Watched>, bell: Doorbell, handback: Arc<Handback>, recheck: Duration) {
     let fail_all = |why: Error| {
         for (_, inbox, _) in &conns {
             lock(inbox).break_with(why.clone());
         }
         bell.ring();
     };
-    let epoll = match Epoll::new(&conns) {
+    let epoll = match Epoll::new(&conns, handback.fd()) {
         Ok(e) => e,
         Err(e) => return fail_all(Error::system("tcp: epoll", &e)),
     };
@@ -109,16 +118,23 @@ pub(super) fn run(conns: Vec<Watched>, bell: Doorbell) {
             }
             any_parked |= parked[i];
         }
-        let ready = match epoll.wait(&mut events, if any_parked { 0 } else { -1 }) {
+        let timeout = if any_parked {
+            recheck.as_millis().clamp(1, i32::MAX as u128) as i32
+        } else {
+            -1
+        };
+        let ready = match epoll.wait(&mut events, timeout) {
             Ok(n) => n,
             Err(e) => return fail_all(Error::Remote(format!("tcp: epoll_wait: {e}"))),
         };
-        if ready == 0 {
-            std::thread::sleep(ENGINE_GRACE);
-            continue;
-        }
         for ev in &events[..ready] {
             let i = ev.u64 as usize;
+            if i == HANDBACK {
+                // The parked sockets are re-armed at the top of the loop (their peers' marks
+                // are cleared).
+                handback.take();
+                continue;
+            }
             let (fd, inbox, peer) = &conns[i];
             if parked[i] {
                 continue;
@@ -139,25 +155,65 @@ pub(super) fn run(conns: Vec<Watched>, bell: Doorbell) {
     }
 }
 
-/// An epoll instance over a device's sockets (each registered with its index in the set).
-struct Epoll(std::os::fd::OwnedFd);
+/// The word an engine's driver sends the receiving thread right before it sleeps: an
+/// `eventfd` in the thread's `epoll` set.
+pub(super) struct Handback(OwnedFd);
+
+impl Handback {
+    pub(super) fn new() -> std::io::Result<Handback> {
+        // SAFETY: plain system call; the result is checked.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a new descriptor nothing else owns.
+        Ok(Handback(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn fd(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+
+    /// Wakes the receiving thread (the caller cleared the poll marks first).
+    pub(super) fn give(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: an 8-byte write to our eventfd; a full counter (EAGAIN) still wakes.
+        unsafe { libc::write(self.fd(), one.as_ptr().cast(), one.len()) };
+    }
+
+    /// Resets the counter.
+    fn take(&self) {
+        let mut v = [0u8; 8];
+        // SAFETY: an 8-byte read from our non-blocking eventfd into `v`.
+        unsafe { libc::read(self.fd(), v.as_mut_ptr().cast(), v.len()) };
+    }
+}
+
+/// The index the [`Handback`] is registered with in the receiving thread's `epoll` set.
+const HANDBACK: usize = usize::MAX;
+
+/// An epoll instance over a device's sockets (each registered with its index in the set) and
+/// its [`Handback`].
+struct Epoll(OwnedFd);
 
 impl Epoll {
-    fn new(conns: &[Watched]) -> std::io::Result<Epoll> {
+    fn new(conns: &[Watched], handback: RawFd) -> std::io::Result<Epoll> {
         // SAFETY: plain system call; the result is checked.
         let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
         // SAFETY: `fd` is a new descriptor nothing else owns.
-        let e = Epoll(unsafe { std::os::fd::FromRawFd::from_raw_fd(fd) });
-        for (i, (sock, _, _)) in conns.iter().enumerate() {
-            let mut ev = libc::epoll_event {
-                events: (libc::EPOLLIN | libc::EPOLLRDHUP) as u32,
-                u64: i as u64,
-            };
-            // SAFETY: `ev` is a valid event for the call; `sock` is an open socket.
-            if unsafe { libc::epoll_ctl(fd, libc::EPOLL_CTL_ADD, *sock, &mut ev) } < 0 {
+        let e = Epoll(unsafe { OwnedFd::from_raw_fd(fd) });
+        let socks = conns
+            .iter()
+            .enumerate()
+            .map(|(i, (sock, _, _))| (*sock, (libc::EPOLLIN | libc::EPOLLRDHUP) as u32, i as u64));
+        let word = (handback, libc::EPOLLIN as u32, HANDBACK as u64);
+        for (sock, events, index) in socks.chain([word]) {
+            let mut ev = libc::epoll_event { events, u64: index };
+            // SAFETY: `ev` is a valid event for the call; `sock` is an open descriptor.
+            if unsafe { libc::epoll_ctl(fd, libc::EPOLL_CTL_ADD, sock, &mut ev) } < 0 {
                 return Err(std::io::Error::last_os_error());
             }
         }
@@ -607,6 +663,39 @@ mod tests {
         pump(&mut inbox, |i| i.broken.is_some());
         let e = peer.health().unwrap_err().to_string();
         assert!(e.contains("an immediate in 3 copies"), "{e}");
+    }
+
+    /// While the engine polls a peer the receiving thread leaves its frames alone (parked);
+    /// the engine's word before it sleeps hands them back at once, well before the thread
+    /// would look again by itself, and the thread rings the doorbell for what it applies.
+    #[test]
+    fn the_engine_hands_parked_sockets_back_before_it_sleeps() {
+        let (mut tx, inbox, peer) = pair();
+        let fd = inbox.stream.as_raw_fd();
+        let bell = Doorbell::new();
+        let handback = Arc::new(Handback::new().unwrap());
+        peer.poll_until_stopped();
+        let watched = vec![(fd, Arc::new(Mutex::new(inbox)), peer.clone())];
+        let (b, h) = (bell.clone(), handback.clone());
+        let minute = Duration::from_secs(60);
+        let thread = std::thread::spawn(move || run(watched, b, h, minute));
+        let mut c = Header::new(Kind::Credit);
+        (c.slot, c.a) = (1, 42);
+        tx.write_all(&c.encode()).unwrap();
+        let credit = || peer.credits[1].load(Ordering::Acquire);
+        std::thread::sleep(Duration::from_millis(100));
+        assert_eq!(credit(), 0, "applied while the engine polls");
+        let seen = bell.seq();
+        assert!(peer.stop_polling());
+        handback.give();
+        let t0 = std::time::Instant::now();
+        while credit() != 42 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        assert_eq!(credit(), 42, "not handed back");
+        assert_ne!(bell.seq(), seen, "the doorbell did not ring");
+        drop(tx);
+        thread.join().unwrap();
     }
 
     /// The end of the stream in the middle of a frame is a lost connection naming it.
