@@ -31,8 +31,11 @@ every launch sets up the same hosts. Per variant:
               (the hosts' names do not resolve). `-hosts` are the addresses; one MPMD section
               per host pins its rank to CPU RANK%CPUS (see "Binding" below). IMB-MPI1 OP
               -npmin K -msgsize B -iter N
-              -iter_policy off, one launch per size, t_avg taken (IMB's Allgather size is one
-              rank's block: B = S/K; its Reduce_scatter size is the whole input).
+              -iter_policy off, one launch per size, t_max taken: the slowest rank's mean
+              time per call, as ampccl-perf and peer_bench.py report (IMB's t_avg of a
+              broadcast averages in the root, which returns once its data sits in socket
+              buffers). IMB's Allgather size is one rank's block: B = S/K; its Reduce_scatter
+              size is the whole input.
   ompi        the same with Open MPI 5's mpirun: `--prtemca plm_ssh_agent hosts_ssh.sh --host
   ompi-yield  10.213.0.1,... --map-by rankfile:file=F --mca btl tcp,self --mca
               btl_tcp_if_include 10.213.0.0/24 --mca oob_tcp_if_include 10.213.0.0/24`, running
@@ -244,7 +247,7 @@ class Bench:
                    if len(f) == 5 and f[0].isdigit() and int(f[0]) == msg]
             if not got:
                 raise Failed(f"no IMB row for {msg} B\n" + tail(text, ""))
-            res[s] = (float(got[-1][4]), None)  # t_avg (us)
+            res[s] = (float(got[-1][3]), None)  # t_max (us), see the module docs
         return res
 
     def iperf3(self):

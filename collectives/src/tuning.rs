@@ -15,7 +15,7 @@ use crate::operator::{allgather, allreduce};
 use crate::steps::{pipe, window};
 
 /// The parameters of this crate (algorithm selection, pieces, chunks, windows).
-pub fn collectives_params() -> [&'static Param; 13] {
+pub fn collectives_params() -> [&'static Param; 14] {
     [
         &allgather::MESH_MAX_BYTES,
         &allgather_pair::PIECE,
@@ -27,6 +27,7 @@ pub fn collectives_params() -> [&'static Param; 13] {
         &reduce_scatter_ring::PIECE,
         &pipe::PIPELINE_DEPTH,
         &pipe::MIN_PIPELINE_CHUNK,
+        &pipe::NET_MIN_CHUNK,
         &window::SPAN,
         &crate::executor::CACHE_SHARE,
         &crate::executor::MIN_BYTES_UNKNOWN_CACHE,

@@ -48,6 +48,18 @@ pub static MIN_PIPELINE_CHUNK: Param = Param::new(
     "smallest chunk of a chain pipeline (and of the broadcast pair)",
 );
 
+/// Smallest chunk of a chain pipeline on a communicator that spans hosts: a TCP write is
+/// striped over every connection of a pair only from `AMPCCL_NSOCKS` × `AMPCCL_TCP_STRIPE_MIN`
+/// bytes (1 MiB by default), and one connection carries less than four. The same on every rank
+/// (the topology is), as chunk boundaries must be. Measured value: docs/TUNING.md.
+pub static NET_MIN_CHUNK: Param = Param::new(
+    "CHAIN_NET_MIN_CHUNK",
+    1 << 20,
+    (4 << 10, 1 << 30),
+    Unit::Bytes,
+    "smallest chunk of a chain pipeline (broadcast, reduce) on a communicator that spans hosts",
+);
+
 /// The chunk bound of a pipeline: half of the CCL input buffer, whole elements, so that two
 /// chunks fit its [`Window`].
 #[derive(Clone, Copy, Debug)]
@@ -65,14 +77,14 @@ impl ChunkBound {
     }
 
     /// The chunks of a `bytes`-byte message relayed along a chain: at least
-    /// [`PIPELINE_DEPTH`] chunks when that keeps them at [`MIN_PIPELINE_CHUNK`] bytes or more
-    /// (whole `elem`-byte elements), so that the ranks of the chain copy at the same time
-    /// instead of one after the other; never more than a slot.
-    pub fn pipelined(&self, bytes: usize, elem: usize) -> Chunks {
+    /// [`PIPELINE_DEPTH`] chunks when that keeps them at `min_chunk` bytes or more (whole
+    /// `elem`-byte elements), so that the ranks of the chain copy at the same time instead of
+    /// one after the other; never more than a slot.
+    pub fn pipelined(&self, bytes: usize, elem: usize, min_chunk: usize) -> Chunks {
         self.sized(
             bytes,
             elem,
-            (bytes / PIPELINE_DEPTH.get() as usize).max(MIN_PIPELINE_CHUNK.bytes()),
+            (bytes / PIPELINE_DEPTH.get() as usize).max(min_chunk),
         )
     }
 
@@ -298,8 +310,9 @@ impl Stage for Deliver {
 }
 
 /// A collective along a chain (Broadcast, Reduce): `stage` relays the operation's bytes from
-/// `from` to `to` in pipeline chunks ([`ChunkBound::pipelined`]); on one rank it is a plain
-/// copy.
+/// `from` to `to` in pipeline chunks ([`ChunkBound::pipelined`], at least
+/// [`MIN_PIPELINE_CHUNK`] on one host and [`NET_MIN_CHUNK`] across hosts); on one rank it is a
+/// plain copy.
 pub fn run_chain(
     p: &OpParam,
     res: &mut AlgResourceResponse<'_>,
@@ -316,7 +329,12 @@ pub fn run_chain(
         handshake: false,
         bound: ChunkBound::new(res.ccl_in_size, p.elem()),
     };
-    let chunks = pipe.bound.pipelined(bytes, p.elem());
+    let min_chunk = if res.topology.hosts() > 1 {
+        NET_MIN_CHUNK.bytes()
+    } else {
+        MIN_PIPELINE_CHUNK.bytes()
+    };
+    let chunks = pipe.bound.pipelined(bytes, p.elem(), min_chunk);
     relay(res, &pipe, &chunks, stage)
 }
 
