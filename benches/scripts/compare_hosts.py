@@ -232,9 +232,9 @@ class Bench:
         for s in sizes:
             n, _ = iterations(s)
             msg = effective(op, s, self.k) // (self.k if op == "allgather" else 1)
-            # IMB's -msgsize stops at its default 4 MiB bound; -msglog lifts it (powers of 2).
-            size_args = (["-msglog", f"{msg.bit_length() - 1}:{msg.bit_length() - 1}"]
-                         if msg > 4 << 20 and msg & (msg - 1) == 0 else ["-msgsize", str(msg)])
+            # IMB's -msgsize stops at its default 4 MiB bound; -msglog lifts the bound.
+            log = (msg - 1).bit_length()
+            size_args = (["-msglog", f"{log}:{log}"] if msg > 4 << 20 else []) + ["-msgsize", str(msg)]
             imb = ["IMB-MPI1", IMB[op], "-npmin", str(self.k), *size_args, "-iter", str(n),
                    "-iter_policy", "off", "-time", "100000"]
             prog = RANK0 + ["mpirun"]
