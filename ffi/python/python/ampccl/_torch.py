@@ -195,12 +195,37 @@ class AmpcclBackend(_C10dBackend):
         else:
             uid = bytes(store.get(_UID_KEY))
         self._c = _native.Comm.init(uid, rank, size, self._timeout)
+        self._options = _C10dBackend.Options("ampccl", timeout=timeout)
         self._completer = _Completer()
         self._seq = 0
+        self._coalesced = None
         _alive.add(self)
 
     def getBackendName(self):
         return "ampccl"
+
+    # Properties the C++ half asks the Python half for (the defaults would ask back).
+
+    @property
+    def options(self):
+        return self._options
+
+    @property
+    def supports_splitting(self):
+        return False
+
+    @property
+    def supports_coalescing(self):
+        return True
+
+    def start_coalescing(self):
+        """Sends and receives from here to `end_coalescing` are issued there, as one group
+        (batch_isend_irecv's exchanges would deadlock one by one)."""
+        self._coalesced = []
+
+    def end_coalescing(self):
+        ops, self._coalesced = self._coalesced, None
+        return self._group(ops, _P2P, [t for _, t, _ in ops], [t for _, t, _ in ops])
 
     def _set_sequence_number_for_group(self):
         self._seq = 0
@@ -209,8 +234,11 @@ class AmpcclBackend(_C10dBackend):
         return self._seq
 
     def _work(self, result, reqs, keep, after, opts):
-        """The work of a call whose requests `reqs` (asynchronous) or none (done) it issued."""
-        self._seq += 1
+        """The work of a call whose requests `reqs` (asynchronous) or none (done) it issued.
+        Collectives count in the group's sequence number (which DETAIL debug mode compares
+        across ranks); point-to-point calls, which pass `_P2P` options, do not."""
+        if opts is not _P2P:
+            self._seq += 1
         if not reqs and after is None:
             return _Work(result)
         w = _Work(result, reqs, keep, after, _timeout_s(opts.timeout) or self._timeout)
@@ -371,11 +399,17 @@ class AmpcclBackend(_C10dBackend):
 
     def send(self, tensors, dst, tag=0):
         t = tensors[0]
+        if self._coalesced is not None:
+            self._coalesced.append((_SEND, t, dst))
+            return _Work(tensors)
         req = self._c.run_addr(_SEND, _dtype(t, False), t.numel(), t.data_ptr(), t.nbytes, 0, 0, 0, dst, True)
         return self._work(tensors, (req,), (t,), None, _P2P)
 
     def recv(self, tensors, src, tag=0):
         t = tensors[0]
+        if self._coalesced is not None:
+            self._coalesced.append((_RECV, t, src))
+            return _Work(tensors)
         req = self._c.run_addr(_RECV, _dtype(t, False), t.numel(), 0, 0, t.data_ptr(), t.nbytes, 0, src, True)
         return self._work(tensors, (req,), (t,), None, _P2P)
 
