@@ -308,9 +308,34 @@ impl Comm {
         unsafe { self.submit(py, &[op], Vec::new(), nonblocking) }
     }
 
-    /// Sends and receives run together (as a group, so exchanges that would deadlock one by
-    /// one work): each `(kind, dtype, count, peer, addr, len)` with kind Send or Recv, on
-    /// memory as `run_addr`'s.
+    /// Sends and receives on buffer-protocol objects run together (as a group, so exchanges
+    /// that would deadlock one by one work): each `(kind, buffer, peer)` with kind Send or
+    /// Recv; `dtype` as for `run`.
+    #[pyo3(signature = (ops, dtype = None, nonblocking = false))]
+    fn group(
+        &self,
+        py: Python<'_>,
+        ops: Vec<(usize, Bound<'_, PyAny>, usize)>,
+        dtype: Option<i32>,
+        nonblocking: bool,
+    ) -> PyResult<Option<Request>> {
+        let forced = dtype.map(self::dtype).transpose()?;
+        let mut bufs = Vec::with_capacity(ops.len());
+        let mut sized = Vec::with_capacity(ops.len());
+        for (k, obj, peer) in &ops {
+            let k = kind(*k)?;
+            let o = Operand::get(obj, "group", k == OpKind::Recv, forced)?;
+            sized.push(p2p(k, o.dtype, o.count(), *peer, Span::of(&o))?);
+            bufs.push(o);
+        }
+        if sized.is_empty() {
+            return Ok(None);
+        }
+        // SAFETY: the spans lie in the exported buffers `bufs`, held as in `run`.
+        unsafe { self.submit(py, &sized, bufs, nonblocking) }
+    }
+
+    /// As `group` on memory as `run_addr`'s: each `(kind, dtype, count, peer, addr, len)`.
     #[pyo3(signature = (ops, nonblocking = false))]
     fn group_addr(
         &self,
@@ -321,18 +346,7 @@ impl Comm {
         let ops = ops
             .into_iter()
             .map(|(k, t, count, peer, addr, len)| {
-                let k = kind(k)?;
-                let spec = OpSpec::new(k, count, dtype(t)?).root(peer);
-                Ok(match k {
-                    OpKind::Send => sized(spec, span(addr, len), NONE),
-                    OpKind::Recv => sized(spec, NONE, span(addr, len)),
-                    _ => {
-                        return Err(PyValueError::new_err(format!(
-                            "a group holds sends and receives, not {}",
-                            k.name()
-                        )));
-                    }
-                })
+                p2p(kind(k)?, dtype(t)?, count, peer, span(addr, len))
             })
             .collect::<PyResult<Vec<_>>>()?;
         if ops.is_empty() {
@@ -340,6 +354,19 @@ impl Comm {
         }
         // SAFETY: the caller's promise (as for `run_addr`).
         unsafe { self.submit(py, &ops, Vec::new(), nonblocking) }
+    }
+}
+
+/// A send of `span` to `peer`, or a receive into it from `peer`, for a group.
+fn p2p(k: OpKind, t: DataType, count: usize, peer: usize, span: Span) -> PyResult<SizedOp> {
+    let spec = OpSpec::new(k, count, t).root(peer);
+    match k {
+        OpKind::Send => Ok(sized(spec, span, NONE)),
+        OpKind::Recv => Ok(sized(spec, NONE, span)),
+        _ => Err(PyValueError::new_err(format!(
+            "a group holds sends and receives, not {}",
+            k.name()
+        ))),
     }
 }
 

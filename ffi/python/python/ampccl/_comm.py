@@ -147,7 +147,7 @@ class Comm:
         recv = None if recvbuf is None else _spec(recvbuf)
         if send is None and recv is None and kind != _BARRIER:
             raise ValueError("no buffer: pass a send and a receive buffer, or IN_PLACE and one")
-        dtype = (send and send[1]) if send and send[1] is not None else (recv and recv[1])
+        dtype = next((s[1] for s in (send, recv) if s is not None and s[1] is not None), None)
         return self._c.run(
             kind,
             None if send is None else send[0],
@@ -158,7 +158,10 @@ class Comm:
             nonblocking,
         )
 
-    # Buffers. In place (``IN_PLACE`` as the send buffer) follows NCCL: allgather's input is
+    # Buffers. Operations, sends and receives included, run one after the other in the order
+    # they were issued (as NCCL's); a send and a receive that depend on each other go together
+    # through Sendrecv or Group.
+    # In place (``IN_PLACE`` as the send buffer) follows NCCL: allgather's input is
     # this rank's block of ``recvbuf``, reduce-scatter's result lands in it.
 
     def Allreduce(self, sendbuf, recvbuf, op=SUM):
@@ -209,6 +212,28 @@ class Comm:
 
     def Irecv(self, buf, source):
         return self._run(_RECV, None, buf, root=source, nonblocking=True)
+
+    def Sendrecv(self, sendbuf, dest, recvbuf, source):
+        """Sends ``sendbuf`` to ``dest`` and receives ``recvbuf`` from ``source`` together."""
+        self._group([(_SEND, sendbuf, dest), (_RECV, recvbuf, source)], False)
+
+    def Isendrecv(self, sendbuf, dest, recvbuf, source):
+        return self._group([(_SEND, sendbuf, dest), (_RECV, recvbuf, source)], True)
+
+    def Group(self, ops, nonblocking=False):
+        """Runs sends and receives together: ``ops`` of ``("send", buf, dest)`` and
+        ``("recv", buf, source)``; a request when ``nonblocking``."""
+        kinds = {"send": _SEND, "recv": _RECV}
+        try:
+            ops = [(kinds[k], b, p) for k, b, p in ops]
+        except KeyError as e:
+            raise ValueError(f"a group holds 'send' and 'recv' operations, not {e}") from None
+        return self._group(ops, nonblocking)
+
+    def _group(self, ops, nonblocking):
+        specs = [(k, _spec(b), p) for k, b, p in ops]
+        dtype = next((s[1] for _, s, _ in specs if s[1] is not None), None)
+        return self._c.group([(k, s[0], p) for k, s, p in specs], dtype, nonblocking)
 
     def Barrier(self):
         self._c.run(_BARRIER, None, None)
