@@ -11,7 +11,9 @@
 //! `benches/peers/install.sh --launchers`; without it a test prints `SKIPPED: ...` and passes,
 //! except under `CI`.
 
+use std::fs::File;
 use std::io::Read;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -82,15 +84,18 @@ fn run_ok(cmd: &mut Command, what: &str) {
 }
 
 /// Builds the wheel and unpacks it into a directory of test `name`'s, which it returns (for
-/// `PYTHONPATH`). Tests running at once build into their own directories: cargo's lock
-/// serializes the builds, the first compiles, the others find it done.
+/// `PYTHONPATH`). The builds of tests running at once take turns (maturin stages the library
+/// at one path of the target directory): the first compiles, the others find it done.
 fn install_wheel(bin: &Path, name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
-        .join("python")
-        .join(name);
+    let top = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("python");
+    let dir = top.join(name);
     let (wheels, site) = (dir.join("wheels"), dir.join("site"));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
+    let lock = File::create(top.join("build.lock")).unwrap();
+    // SAFETY: flock(2) on a descriptor `lock` owns; closing it (at the end of this function)
+    // releases the lock.
+    assert_eq!(unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) }, 0);
     run_ok(
         Command::new(bin.join("maturin"))
             .args(["build", "--quiet", "-i"])
