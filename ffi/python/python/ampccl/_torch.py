@@ -59,7 +59,7 @@ _alive = set()
 
 
 def _check(t):
-    if t.device.type != "cpu":
+    if not t.is_cpu:
         raise ValueError(f"ampccl: the ampccl backend takes CPU tensors, got one on {t.device}")
     if not t.is_contiguous():
         raise ValueError("ampccl: tensors must be contiguous")
@@ -95,21 +95,21 @@ def _timeout_s(t):
 
 
 class _Work(dist._Work):
-    """An operation's work: done at once (synchronous calls) or by the completion thread."""
+    """An operation's work: done at once (synchronous calls), or pending until the
+    completion thread finishes it (only those carry the synchronization, which costs
+    microseconds to create)."""
 
     def __init__(self, result, reqs=(), keep=(), after=None, timeout=None):
         super().__init__()
         self._result = result
-        self._reqs = reqs
-        self._keep = keep
-        self._after = after
-        self._timeout = timeout
         self._error = None
-        self._done = threading.Event()
-        self._future = None
-        self._lock = threading.Lock()
-        if not reqs and after is None:
-            self._done.set()
+        self._done = None
+        if reqs or after is not None:
+            self._reqs, self._keep, self._after = reqs, keep, after
+            self._timeout = timeout
+            self._future = None
+            self._lock = threading.Lock()
+            self._done = threading.Event()
 
     def _complete(self):
         """Waits for the requests (completion thread only), then finishes the work."""
@@ -134,18 +134,19 @@ class _Work(dist._Work):
             fut.set_result(self._result)
 
     def wait(self, timeout=None):
-        limit = _timeout_s(timeout) or self._timeout
-        if not self._done.wait(limit):
-            raise RuntimeError(f"ampccl: operation not complete after {limit} s (timeout)")
+        if self._done is not None:
+            limit = _timeout_s(timeout) or self._timeout
+            if not self._done.wait(limit):
+                raise RuntimeError(f"ampccl: operation not complete after {limit} s (timeout)")
         if self._error is not None:
             raise self._error
         return True
 
     def is_completed(self):
-        return self._done.is_set()
+        return self._done is None or self._done.is_set()
 
     def is_success(self):
-        return self._done.is_set() and self._error is None
+        return self.is_completed() and self._error is None
 
     def exception(self):
         return self._error
@@ -155,10 +156,11 @@ class _Work(dist._Work):
 
     def get_future(self):
         fut = torch.futures.Future()
-        with self._lock:
-            if not self._done.is_set():
-                self._future = fut
-                return fut
+        if self._done is not None:
+            with self._lock:
+                if not self._done.is_set():
+                    self._future = fut
+                    return fut
         self._settle(fut)
         return fut
 
