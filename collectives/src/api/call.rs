@@ -1,7 +1,7 @@
 //! Describing an operation ([`OpSpec`]), building and checking a call from it
 //! (`make_call`: sizes, roots, alignment, in-place positions), and the raw entry points the C
 //! ABI uses ([`RawOp`], [`Communicator::enqueue_raw`]) and those of bindings whose buffers carry
-//! their lengths ([`SizedOp`], [`Communicator::enqueue_sized`]).
+//! their lengths ([`SizedOp`], [`Communicator::enqueue_sized`], [`Communicator::run_sized`]).
 
 use ampccl_runtime::stream::{Event, Stream};
 use ampccl_runtime::{DataType, Element, Error, ReduceOp, Result};
@@ -260,20 +260,42 @@ impl Communicator {
         ops: &[SizedOp],
         for_waiter: bool,
     ) -> Result<Event> {
-        let call = |o: &SizedOp| {
-            let input = Region {
-                ptr: o.send as *mut u8,
-                len: o.send_len,
-            };
-            let output = Region {
-                ptr: o.recv,
-                len: o.recv_len,
-            };
-            make_call(self, o.spec, input, output)
-        };
         let wait = if for_waiter { Wait::Soon } else { Wait::Later };
         // SAFETY: forwarded from the caller.
-        unsafe { self.enqueue_calls(stream, ops, call, wait) }
+        unsafe { self.enqueue_calls(stream, ops, |o| self.sized_call(o), wait) }
+    }
+
+    /// Runs `ops` (one operation, or a group) to completion as the typed blocking calls do: a
+    /// single-stream operation on an idle communicator runs on the calling thread at once.
+    /// Buffers are checked as by [`Communicator::enqueue_sized`].
+    ///
+    /// # Safety
+    /// Each region must be valid for its length (inputs for reads, outputs for exclusive
+    /// writes) until this returns.
+    pub unsafe fn run_sized(&self, ops: &[SizedOp]) -> Result<()> {
+        // SAFETY: forwarded from the caller, who keeps the regions until we return, after
+        // the wait.
+        let ev = unsafe {
+            self.enqueue_calls(
+                self.default_stream(),
+                ops,
+                |o| self.sized_call(o),
+                Wait::Now,
+            )?
+        };
+        self.finish(ev.wait())
+    }
+
+    fn sized_call(&self, o: &SizedOp) -> Result<Call> {
+        let input = Region {
+            ptr: o.send as *mut u8,
+            len: o.send_len,
+        };
+        let output = Region {
+            ptr: o.recv,
+            len: o.recv_len,
+        };
+        make_call(self, o.spec, input, output)
     }
 
     /// Builds a call of each op and submits them (one operation, or a group).

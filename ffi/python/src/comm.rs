@@ -1,7 +1,9 @@
-//! `Comm`: a communicator for Python. Every call goes to `Communicator::enqueue_sized` on the
-//! communicator's default stream, so blocking and nonblocking calls run in issue order; a
-//! blocking call is submitted for its waiter (a small one runs on the calling thread, without
-//! waking the engine) and waits with the GIL released.
+//! `Comm`: a communicator for Python. Every call goes to `Communicator::run_sized` or
+//! `Communicator::enqueue_sized` on the communicator's default stream, so blocking and
+//! nonblocking calls run in issue order; a
+//! blocking call runs as the Rust API's blocking calls do (`Communicator::run_sized`: a
+//! single-stream operation on an idle communicator runs on the calling thread, without waking
+//! the engine), with the GIL released.
 //!
 //! Two forms: `run` takes objects exporting the buffer protocol (counts follow from their
 //! lengths, the data type from their format); `run_addr` takes addresses with byte lengths
@@ -11,7 +13,7 @@ use std::time::Duration;
 
 use ampccl::op::OpKind;
 use ampccl::registry::Registry;
-use ampccl::{Communicator, Config, DataType, Event, OpSpec, ReduceOp, SizedOp, UniqueId};
+use ampccl::{Communicator, Config, DataType, OpSpec, ReduceOp, SizedOp, UniqueId};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -89,19 +91,38 @@ impl Comm {
         bufs: Vec<Operand>,
         nonblocking: bool,
     ) -> PyResult<Option<Request>> {
+        if !nonblocking {
+            let ops = Blocking(ops);
+            // SAFETY: forwarded from the caller; the operation is complete when this returns.
+            py.detach(move || unsafe { ops.run(&self.comm) })
+                .map_err(py_err)?;
+            drop(bufs);
+            return Ok(None);
+        }
         let stream = self.comm.default_stream();
         // SAFETY: forwarded from the caller.
-        let ev = unsafe { self.comm.enqueue_sized(stream, ops, !nonblocking) }.map_err(py_err)?;
-        if nonblocking {
-            stream.kick();
-            return Ok(Some(Request::new(
-                ev,
-                bufs.into_iter().map(|o| o.buf).collect(),
-            )));
-        }
-        wait(py, stream, ev)?;
-        drop(bufs);
-        Ok(None)
+        let ev = unsafe { self.comm.enqueue_sized(stream, ops, false) }.map_err(py_err)?;
+        stream.kick();
+        Ok(Some(Request::new(
+            ev,
+            bufs.into_iter().map(|o| o.buf).collect(),
+        )))
+    }
+}
+
+/// The operations of a blocking call, handed to the same thread's GIL-free section.
+struct Blocking<'a>(&'a [SizedOp]);
+
+// SAFETY: the addresses are only dereferenced by the library during `run_sized`, which the
+// thread that owns the buffers (and holds their exports) waits for; nothing outlives it.
+unsafe impl Send for Blocking<'_> {}
+
+impl Blocking<'_> {
+    /// # Safety
+    /// As `Communicator::run_sized`.
+    unsafe fn run(&self, comm: &Communicator) -> ampccl::Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { comm.run_sized(self.0) }
     }
 }
 
@@ -113,15 +134,6 @@ fn sized(spec: OpSpec, input: Span, output: Span) -> SizedOp {
         recv: output.ptr,
         recv_len: output.len,
     }
-}
-
-/// Waits for a blocking call's event without the GIL (its parked work runs on this thread;
-/// work that could not be parked goes to the engine).
-fn wait(py: Python<'_>, stream: &ampccl::Stream, ev: Event) -> PyResult<()> {
-    if !ev.is_done() && !stream.has_parked() {
-        stream.kick();
-    }
-    py.detach(|| ev.wait()).map_err(py_err)
 }
 
 #[pymethods]
