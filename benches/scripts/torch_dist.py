@@ -111,9 +111,7 @@ def main():
     a8 = np.ones(1, dtype=np.float64)
 
     cases = [(op, parse_size(s)) for op in a.ops.split(",") for s in a.sizes.split(",")]
-    calls = {
-        (b, op, n): make_call(op, n, world, g) for b, g in groups.items() for op, n in cases
-    }
+    calls = {(b, op, n): make_call(op, n, world, g) for b, g in groups.items() for op, n in cases}
     results = {key: [] for key in calls}
     numpy_8b = []
     ddp = {}
@@ -128,9 +126,7 @@ def main():
                 results[(b, op, n)].append(
                     time_call(calls[(b, op, n)], iterations(n), lambda: dist.barrier(group=g))
                 )
-        numpy_8b.append(
-            time_call(lambda: comm.Allreduce(ampccl.IN_PLACE, a8), 1000, comm.Barrier)
-        )
+        numpy_8b.append(time_call(lambda: comm.Allreduce(ampccl.IN_PLACE, a8), 1000, comm.Barrier))
         for b in order if ddp else []:
             ddp_times[b].append(ddp[b]())
     if rank != 0:

@@ -92,7 +92,9 @@ for t in TYPES:
             c.Bcast(spec(buf, t), root)
             expect(buf, real(value(root, n, t), t), t, "Bcast")
             out = np.empty_like(buf) if rank == root else None
-            c.Reduce(spec(value(rank, n, t), t), None if out is None else spec(out, t), ampccl.MAX, root)
+            c.Reduce(
+                spec(value(rank, n, t), t), None if out is None else spec(out, t), ampccl.MAX, root
+            )
             if rank == root:
                 expect(out, np.max(inputs(n, t), axis=0), t, "Reduce")
         # All-to-all: block j of the input goes to rank j.
@@ -109,7 +111,9 @@ for n in [0, 1, 1009, 300000]:
     c.Sendrecv(np.full(n, rank, dtype=np.float64), right, got, left)
     assert np.all(got == left), f"ring of {n}"
     got[:] = -1
-    c.Group([("send", np.full(n, rank, dtype=np.float64), right), ("recv", got, left)], nonblocking=True).wait()
+    c.Group(
+        [("send", np.full(n, rank, dtype=np.float64), right), ("recv", got, left)], nonblocking=True
+    ).wait()
     assert np.all(got == left), f"group ring of {n}"
 if world > 1:
     if rank == 0:
@@ -122,6 +126,15 @@ c.Barrier()
 req = c.Ibarrier()
 req.wait()
 assert req.test()
+
+# numpy's own bfloat16 (ml_dtypes), which exports no buffer: it travels as 16-bit words.
+import ml_dtypes  # noqa: E402
+
+h = np.full(5, rank + 1.5, dtype=ml_dtypes.bfloat16)
+c.Allreduce(ampccl.IN_PLACE, h)
+assert h.dtype == ml_dtypes.bfloat16 and np.all(
+    h.astype(np.float32) == sum(r + 1.5 for r in range(world))
+), h
 
 # Other buffer kinds: bytearray, memoryview, DLPack.
 
@@ -179,11 +192,25 @@ def raises(kind, f, words):
 
 
 f32 = np.ones(4, dtype=np.float32)
-raises(ampccl.AmpcclError, lambda: c.Allreduce(f32, np.empty(3, dtype=np.float32)), ["output buffer", "needs 16"])
-raises(TypeError, lambda: c.Allreduce(np.ones(2, dtype=np.int16), np.empty(2, dtype=np.int16)), ["not of a type"])
-raises(TypeError, lambda: c.Allreduce(np.ones(2, dtype=np.complex64), np.empty(2, dtype=np.complex64)), ["not of a type"])
+raises(
+    ampccl.AmpcclError,
+    lambda: c.Allreduce(f32, np.empty(3, dtype=np.float32)),
+    ["output buffer", "needs 16"],
+)
+raises(
+    TypeError,
+    lambda: c.Allreduce(np.ones(2, dtype=np.int16), np.empty(2, dtype=np.int16)),
+    ["not of a type"],
+)
+raises(
+    TypeError,
+    lambda: c.Allreduce(np.ones(2, dtype=np.complex64), np.empty(2, dtype=np.complex64)),
+    ["not of a type"],
+)
 raises(ValueError, lambda: c.Allreduce(f32, np.empty(4, dtype=np.float64)), ["input holds float"])
-raises(ValueError, lambda: c.Allreduce(ampccl.IN_PLACE, np.ones(4)[::-1][::2]), ["not C-contiguous"])
+raises(
+    ValueError, lambda: c.Allreduce(ampccl.IN_PLACE, np.ones(4)[::-1][::2]), ["not C-contiguous"]
+)
 ro = np.ones(4)
 ro.flags.writeable = False
 raises(ValueError, lambda: c.Allreduce(np.ones(4), ro), ["read-only"])

@@ -75,19 +75,27 @@ for n in [1, 13, 1000]:
     dist.reduce_scatter(out, full)
     check(out, sum(value(r + rank, n, torch.float32) for r in range(world)), "reduce_scatter")
     out = torch.empty(n, dtype=torch.int64)
-    dist.reduce_scatter_tensor(out, torch.cat([value(rank + j, n, torch.int64) for j in range(world)]))
+    dist.reduce_scatter_tensor(
+        out, torch.cat([value(rank + j, n, torch.int64) for j in range(world)])
+    )
     check(out, sum(value(r + rank, n, torch.int64) for r in range(world)), "reduce_scatter_tensor")
     # All-to-all: even, uneven splits, lists.
     inp = torch.cat([torch.full((n,), 10.0 * rank + j) for j in range(world)])
     out = torch.empty_like(inp)
     dist.all_to_all_single(out, inp)
-    check(out, torch.cat([torch.full((n,), 10.0 * j + rank) for j in range(world)]), "all_to_all_single")
+    check(
+        out,
+        torch.cat([torch.full((n,), 10.0 * j + rank) for j in range(world)]),
+        "all_to_all_single",
+    )
     ins = [j + 1 for j in range(world)]  # rank sends j+1 rows to rank j
     outs = [rank + 1] * world
     inp = torch.cat([torch.full((ins[j], 2), 10.0 * rank + j) for j in range(world)])
     out = torch.empty(sum(outs), 2)
     dist.all_to_all_single(out, inp, output_split_sizes=outs, input_split_sizes=ins)
-    check(out, torch.cat([torch.full((rank + 1, 2), 10.0 * j + rank) for j in range(world)]), "uneven")
+    check(
+        out, torch.cat([torch.full((rank + 1, 2), 10.0 * j + rank) for j in range(world)]), "uneven"
+    )
     outs = [torch.empty(n) for _ in range(world)]
     dist.all_to_all(outs, [torch.full((n,), 10.0 * rank + j) for j in range(world)])
     for j, o in enumerate(outs):
@@ -109,7 +117,10 @@ check(ts[0], OPS[dist.ReduceOp.SUM](all_inputs(5, torch.float32)), "coalesced")
 right, left = (rank + 1) % world, (rank - 1) % world
 got = torch.empty(9)
 reqs = dist.batch_isend_irecv(
-    [dist.P2POp(dist.isend, value(rank, 9, torch.float32), right), dist.P2POp(dist.irecv, got, left)]
+    [
+        dist.P2POp(dist.isend, value(rank, 9, torch.float32), right),
+        dist.P2POp(dist.irecv, got, left),
+    ]
 )
 for r in reqs:
     r.wait()
@@ -125,7 +136,9 @@ dist.barrier()
 # Asynchronous works and futures that complete on their own.
 t = value(rank, 100000, torch.float32)
 fut = dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0] * 2)
-w = dist.all_gather_into_tensor(out := torch.empty(7 * world), value(rank, 7, torch.float32), async_op=True)
+w = dist.all_gather_into_tensor(
+    out := torch.empty(7 * world), value(rank, 7, torch.float32), async_op=True
+)
 check(fut.wait(), 2 * OPS[dist.ReduceOp.SUM](all_inputs(100000, torch.float32)), "future")
 w.wait()
 check(out, torch.cat(all_inputs(7, torch.float32)), "async all_gather")
@@ -184,7 +197,9 @@ def fp16_hook(state, bucket):
     return fut.then(lambda f: f.value()[0].to(torch.float32))
 
 
-ref = train(model(), lambda s: tuple(torch.cat(p) for p in zip(*(batch(r, s) for r in range(world)))), 5)
+ref = train(
+    model(), lambda s: tuple(torch.cat(p) for p in zip(*(batch(r, s) for r in range(world)))), 5
+)
 for hook in [None, fp16_hook]:
     ddp = nn.parallel.DistributedDataParallel(model(), bucket_cap_mb=0.01)
     if hook is not None:
@@ -195,4 +210,6 @@ for hook in [None, fp16_hook]:
         assert torch.allclose(a, b, atol=tol), f"DDP ({hook}) differs from the reference"
 
 dist.destroy_process_group()
-print(f"torch-ok rank={rank} world={world} debug={os.environ.get('TORCH_DISTRIBUTED_DEBUG', 'OFF')}")
+print(
+    f"torch-ok rank={rank} world={world} debug={os.environ.get('TORCH_DISTRIBUTED_DEBUG', 'OFF')}"
+)

@@ -55,9 +55,7 @@ def _dtype_code(t):
     try:
         return DTYPES[name]
     except KeyError:
-        raise TypeError(
-            f"{name} is not an ampccl data type ({' '.join(DTYPES)})"
-        ) from None
+        raise TypeError(f"{name} is not an ampccl data type ({' '.join(DTYPES)})") from None
 
 
 def _spec(buf):

@@ -41,9 +41,7 @@ from ampccl._comm import (
     DTYPES,
 )
 
-_DTYPES = {
-    getattr(torch, name): code for name, code in DTYPES.items() if hasattr(torch, name)
-}
+_DTYPES = {getattr(torch, name): code for name, code in DTYPES.items() if hasattr(torch, name)}
 # Moved (never reduced) as bytes.
 _BYTES = {torch.bool: DTYPES["uint8"]}
 _OPS = {
@@ -259,14 +257,11 @@ class AmpcclBackend(_C10dBackend):
             return self._work(result, (), (), None, opts)
         return self._work(result, (req,) if req else (), (send, recv), after, opts)
 
-    def _group(self, ops, opts, result, keep, after=None):
+    def _group(self, ops, opts, result, keep):
         """Sends and receives `(kind, tensor, peer)` run together."""
         spec = [(k, _dtype(t, False), t.numel(), p, t.data_ptr(), t.nbytes) for k, t, p in ops]
         req = self._c.group_addr(spec, opts.asyncOp)
-        if not opts.asyncOp and after is not None:
-            after()
-            after = None
-        return self._work(result, (req,) if req else (), keep, after, opts)
+        return self._work(result, (req,) if req else (), keep, None, opts)
 
     # Collectives.
 
@@ -274,7 +269,9 @@ class AmpcclBackend(_C10dBackend):
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
         t = tensors[0]
-        return self._call(_ALLREDUCE, _dtype(t, True), t.numel(), t, t, opts, tensors, _op(opts.reduceOp))
+        return self._call(
+            _ALLREDUCE, _dtype(t, True), t.numel(), t, t, opts, tensors, _op(opts.reduceOp)
+        )
 
     def allreduce_coalesced(self, tensors, opts):
         dt = {_dtype(t, True) for t in tensors}
@@ -289,22 +286,41 @@ class AmpcclBackend(_C10dBackend):
                 at += t.numel()
 
         return self._call(
-            _ALLREDUCE, dt.pop(), flat.numel(), flat, flat, opts, tensors, _op(opts.reduceOp),
+            _ALLREDUCE,
+            dt.pop(),
+            flat.numel(),
+            flat,
+            flat,
+            opts,
+            tensors,
+            _op(opts.reduceOp),
             after=unflatten,
         )
 
     def broadcast(self, tensors, opts):
         t = tensors[opts.rootTensor]
-        return self._call(_BROADCAST, _dtype(t, False), t.numel(), t, t, opts, tensors, root=opts.rootRank)
+        return self._call(
+            _BROADCAST, _dtype(t, False), t.numel(), t, t, opts, tensors, root=opts.rootRank
+        )
 
     def reduce(self, tensors, opts):
         t = tensors[opts.rootTensor]
         return self._call(
-            _REDUCE, _dtype(t, True), t.numel(), t, t, opts, tensors, _op(opts.reduceOp), opts.rootRank
+            _REDUCE,
+            _dtype(t, True),
+            t.numel(),
+            t,
+            t,
+            opts,
+            tensors,
+            _op(opts.reduceOp),
+            opts.rootRank,
         )
 
     def _allgather_base(self, output, input, opts):
-        return self._call(_ALLGATHER, _dtype(input, False), input.numel(), input, output, opts, [output])
+        return self._call(
+            _ALLGATHER, _dtype(input, False), input.numel(), input, output, opts, [output]
+        )
 
     all_gather_single = _allgather_base
 
@@ -319,7 +335,13 @@ class AmpcclBackend(_C10dBackend):
                 o.view(-1).copy_(part)
 
         return self._call(
-            _ALLGATHER, _dtype(inp, False), inp.numel(), inp, flat, opts, output_lists,
+            _ALLGATHER,
+            _dtype(inp, False),
+            inp.numel(),
+            inp,
+            flat,
+            opts,
+            output_lists,
             after=scatter_out,
         )
 
@@ -329,7 +351,13 @@ class AmpcclBackend(_C10dBackend):
 
     def _reduce_scatter_base(self, output, input, opts):
         return self._call(
-            _REDUCESCATTER, _dtype(output, True), output.numel(), input, output, opts, [output],
+            _REDUCESCATTER,
+            _dtype(output, True),
+            output.numel(),
+            input,
+            output,
+            opts,
+            [output],
             _op(opts.reduceOp),
         )
 
@@ -341,7 +369,13 @@ class AmpcclBackend(_C10dBackend):
         out = outputs[0]
         flat = torch.cat([t.reshape(-1) for t in input_lists[0]])
         return self._call(
-            _REDUCESCATTER, _dtype(out, True), out.numel(), flat, out, opts, outputs,
+            _REDUCESCATTER,
+            _dtype(out, True),
+            out.numel(),
+            flat,
+            out,
+            opts,
+            outputs,
             _op(opts.reduceOp),
         )
 
@@ -352,7 +386,9 @@ class AmpcclBackend(_C10dBackend):
     def alltoall_base(self, output, input, output_splits, input_splits, opts):
         n = self.size()
         if not output_splits and not input_splits:
-            return self._call(_ALLTOALL, _dtype(input, False), input.numel() // n, input, output, opts, [output])
+            return self._call(
+                _ALLTOALL, _dtype(input, False), input.numel() // n, input, output, opts, [output]
+            )
         # Uneven: one send and one receive a peer, of whole rows of the first dimension.
         in_row = input[0].numel() if input.dim() and input.shape[0] else 1
         out_row = output[0].numel() if output.dim() and output.shape[0] else 1
@@ -404,7 +440,9 @@ class AmpcclBackend(_C10dBackend):
         if self._coalesced is not None:
             self._coalesced.append((_SEND, t, dst))
             return _Work(tensors)
-        req = self._c.run_addr(_SEND, _dtype(t, False), t.numel(), t.data_ptr(), t.nbytes, 0, 0, 0, dst, True)
+        req = self._c.run_addr(
+            _SEND, _dtype(t, False), t.numel(), t.data_ptr(), t.nbytes, 0, 0, 0, dst, True
+        )
         return self._work(tensors, (req,), (t,), None, _P2P)
 
     def recv(self, tensors, src, tag=0):
@@ -412,11 +450,15 @@ class AmpcclBackend(_C10dBackend):
         if self._coalesced is not None:
             self._coalesced.append((_RECV, t, src))
             return _Work(tensors)
-        req = self._c.run_addr(_RECV, _dtype(t, False), t.numel(), 0, 0, t.data_ptr(), t.nbytes, 0, src, True)
+        req = self._c.run_addr(
+            _RECV, _dtype(t, False), t.numel(), 0, 0, t.data_ptr(), t.nbytes, 0, src, True
+        )
         return self._work(tensors, (req,), (t,), None, _P2P)
 
     def recv_anysource(self, tensors, tag=0):
-        raise RuntimeError("ampccl: receiving from any source is not supported; name the source rank")
+        raise RuntimeError(
+            "ampccl: receiving from any source is not supported; name the source rank"
+        )
 
     def shutdown(self):
         if self in _alive:
