@@ -1,9 +1,9 @@
-//! `Comm`: a communicator for Python. Every call goes to `Communicator::run_sized` or
-//! `Communicator::enqueue_sized` on the communicator's default stream, so blocking and
-//! nonblocking calls run in issue order; a
-//! blocking call runs as the Rust API's blocking calls do (`Communicator::run_sized`: a
-//! single-stream operation on an idle communicator runs on the calling thread, without waking
-//! the engine), with the GIL released.
+//! `Comm`: a communicator for Python. Every call goes to the communicator's default stream, so
+//! blocking and nonblocking calls run in issue order. A blocking call runs as the Rust API's
+//! blocking calls do (`Communicator::run_sized`: a single-stream operation on an idle
+//! communicator runs on the calling thread, without waking the engine), with the GIL released;
+//! a nonblocking one is queued for the engine (`Communicator::enqueue_sized`) and returns a
+//! request.
 //!
 //! Two forms: `run` takes objects exporting the buffer protocol (counts follow from their
 //! lengths, the data type from their format); `run_addr` takes addresses with byte lengths
