@@ -48,7 +48,7 @@ impl Operand {
         }
         let bytes = buf.len_bytes();
         let dtype = match dtype {
-            Some(t) if bytes % t.size() != 0 => {
+            Some(t) if !bytes.is_multiple_of(t.size()) => {
                 return Err(PyValueError::new_err(format!(
                     "{what} buffer of {bytes} bytes does not hold whole {} elements",
                     t.name()

@@ -253,7 +253,7 @@ impl Comm {
             output.as_ref().map_or(0, Operand::count),
         );
         let whole = |n: usize| {
-            if n % world == 0 {
+            if n.is_multiple_of(world) {
                 Ok(n / world)
             } else {
                 Err(PyValueError::new_err(format!(

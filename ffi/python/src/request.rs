@@ -20,7 +20,7 @@ impl Request {
     pub(crate) fn new(event: Event, bufs: Vec<PyUntypedBuffer>) -> Request {
         Request {
             event: Some(event),
-            bufs: bufs,
+            bufs,
         }
     }
 }
