@@ -8,7 +8,9 @@
 #   benches/peers/install.sh --launchers the same, and a CPU-only PyTorch (torchrun), for the
 #                                        launcher tests (collectives/tests/launchers.rs): the
 #                                        CPU wheels of download.pytorch.org (about 200 MB), or
-#                                        PyPI's default build where that index is unreachable
+#                                        PyPI's default build where that index is unreachable,
+#                                        with numpy, ml_dtypes and maturin for the Python
+#                                        package's tests
 #
 # benches/scripts/compare_peers.py and compare_impi.py find the peers there; benches/peers/run.sh
 # runs each peer's own allreduce sweep.
@@ -38,6 +40,11 @@ if [ "${1:-}" = "--launchers" ]; then
     python3 -m venv "$home/torch"
     "$home/torch/bin/pip" install -q torch --index-url https://download.pytorch.org/whl/cpu ||
       "$home/torch/bin/pip" install -q torch
+  fi
+  # The Python package's tests (tests/tests/python.rs) build its wheel with maturin and run it
+  # with this venv's torch, numpy and ml_dtypes (numpy's bfloat16).
+  if ! [ -x "$home/torch/bin/maturin" ] || ! "$home/torch/bin/python" -c "import numpy, ml_dtypes" 2>/dev/null; then
+    "$home/torch/bin/pip" install -q numpy ml_dtypes "maturin>=1.9,<2"
   fi
   echo "peers under $home"
   exit 0

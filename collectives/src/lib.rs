@@ -31,7 +31,7 @@ pub use ampccl_runtime::stream::{Event, Stream};
 pub use ampccl_runtime::{DataType, Element, Error, ReduceOp, Result};
 pub use ampccl_transport::bootstrap::UniqueId;
 pub use ampccl_transport::shm::SharedMem;
-pub use api::{Group, OnStream, OpFuture, OpSpec, RawOp, SharedBuf, StableBuf};
+pub use api::{Group, OnStream, OpFuture, OpSpec, RawOp, SharedBuf, SizedOp, StableBuf};
 pub use comm::Communicator;
 pub use config::Config;
 pub use half::{bf16, f16};

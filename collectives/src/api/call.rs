@@ -1,6 +1,7 @@
 //! Describing an operation ([`OpSpec`]), building and checking a call from it
 //! (`make_call`: sizes, roots, alignment, in-place positions), and the raw entry points the C
-//! ABI uses ([`RawOp`], [`Communicator::enqueue_raw`]).
+//! ABI uses ([`RawOp`], [`Communicator::enqueue_raw`]) and those of bindings whose buffers carry
+//! their lengths ([`SizedOp`], [`Communicator::enqueue_sized`], [`Communicator::run_sized`]).
 
 use ampccl_runtime::stream::{Event, Stream};
 use ampccl_runtime::{DataType, Element, Error, ReduceOp, Result};
@@ -193,6 +194,18 @@ pub struct RawOp {
     pub recv: *mut u8,
 }
 
+/// One operation with buffers of known byte lengths (see [`Communicator::enqueue_sized`]).
+#[derive(Clone, Copy, Debug)]
+pub struct SizedOp {
+    pub spec: OpSpec,
+    /// Input and its length in bytes (null and 0 where the operation reads none).
+    pub send: *const u8,
+    pub send_len: usize,
+    /// Output and its length in bytes (null and 0 where the operation writes none).
+    pub recv: *mut u8,
+    pub recv_len: usize,
+}
+
 impl Communicator {
     /// Enqueues `ops` (one operation, or several issued as a group) on `stream` and returns
     /// their completion event, without waiting (the C ABI's entry point).
@@ -229,6 +242,73 @@ impl Communicator {
                 unbounded(o.recv),
             )
         };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.enqueue_calls(stream, ops, call, wait) }
+    }
+
+    /// As [`Communicator::enqueue_raw`] (or [`Communicator::enqueue_raw_for_waiter`] when
+    /// `for_waiter`) for buffers of known lengths, which are checked like the typed API's
+    /// slices: a buffer too short for the operation is refused with the typed API's message
+    /// (for bindings whose buffers carry their sizes, such as Python's).
+    ///
+    /// # Safety
+    /// Each region must be valid for its length (inputs for reads, outputs for exclusive
+    /// writes) until the event completes.
+    pub unsafe fn enqueue_sized(
+        &self,
+        stream: &Stream,
+        ops: &[SizedOp],
+        for_waiter: bool,
+    ) -> Result<Event> {
+        let wait = if for_waiter { Wait::Soon } else { Wait::Later };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.enqueue_calls(stream, ops, |o| self.sized_call(o), wait) }
+    }
+
+    /// Runs `ops` (one operation, or a group) to completion as the typed blocking calls do: a
+    /// single-stream operation on an idle communicator runs on the calling thread at once.
+    /// Buffers are checked as by [`Communicator::enqueue_sized`].
+    ///
+    /// # Safety
+    /// Each region must be valid for its length (inputs for reads, outputs for exclusive
+    /// writes) until this returns.
+    pub unsafe fn run_sized(&self, ops: &[SizedOp]) -> Result<()> {
+        // SAFETY: forwarded from the caller, who keeps the regions until we return, after
+        // the wait.
+        let ev = unsafe {
+            self.enqueue_calls(
+                self.default_stream(),
+                ops,
+                |o| self.sized_call(o),
+                Wait::Now,
+            )?
+        };
+        self.finish(ev.wait())
+    }
+
+    fn sized_call(&self, o: &SizedOp) -> Result<Call> {
+        let input = Region {
+            ptr: o.send as *mut u8,
+            len: o.send_len,
+        };
+        let output = Region {
+            ptr: o.recv,
+            len: o.recv_len,
+        };
+        make_call(self, o.spec, input, output)
+    }
+
+    /// Builds a call of each op and submits them (one operation, or a group).
+    ///
+    /// # Safety
+    /// As [`Communicator::enqueue_raw`], for the regions `call` makes.
+    unsafe fn enqueue_calls<O>(
+        &self,
+        stream: &Stream,
+        ops: &[O],
+        call: impl Fn(&O) -> Result<Call>,
+        wait: Wait,
+    ) -> Result<Event> {
         if let [op] = ops {
             // SAFETY: forwarded from the caller.
             return unsafe { self.submit(stream, &mut [call(op)?], wait) };

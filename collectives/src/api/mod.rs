@@ -12,7 +12,7 @@ mod nonblocking;
 mod shared;
 
 pub use blocking::Group;
-pub use call::{OpSpec, RawOp};
+pub use call::{OpSpec, RawOp, SizedOp};
 pub use nonblocking::{OnStream, OpFuture, StableBuf};
 pub use shared::SharedBuf;
 
