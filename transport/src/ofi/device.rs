@@ -29,6 +29,8 @@ const OP_HISTORY: usize = 8;
 const PING_EVERY: Duration = Duration::from_millis(300);
 /// Longest sleep of the progress thread on the completion queue's descriptor.
 const IDLE_WAIT_MS: i32 = 100;
+/// How long closing waits for our last messages to leave.
+const FLUSH_WAIT: Duration = Duration::from_millis(500);
 /// Bootstrap tags of the set-up exchanges.
 const TAG_PROVIDER: u64 = 0x4f46_4900_0000_0001;
 const TAG_ADDRS: u64 = 0x4f46_4900_0000_0002;
@@ -568,6 +570,23 @@ impl RmaDevice for OfiDevice {
         let ops = self.op_history(None);
         let record = ops.iter().find(|r| r[0] as u32 == tag).or(ops.first())?;
         self.op_formatter.get().and_then(|f| f(record))
+    }
+}
+
+impl Drop for OfiDevice {
+    /// Lets what we sent last (a credit, a failure note) leave before the endpoint closes:
+    /// with manual progress nothing moves unless we drive it.
+    fn drop(&mut self) {
+        let deadline = Instant::now() + FLUSH_WAIT;
+        while Instant::now() < deadline {
+            let mut s = self.lock();
+            s.progress();
+            if !s.sending() {
+                break;
+            }
+            drop(s);
+            block(self.wait_fd, 1);
+        }
     }
 }
 

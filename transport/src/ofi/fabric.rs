@@ -427,7 +427,11 @@ impl Endpoint {
     pub fn trywait(&self) -> bool {
         let mut fid: *mut Fid = self.cq.cast();
         // SAFETY: a live fabric's `trywait` over our live CQ.
-        unsafe { ((*(*self.fabric).ops).trywait)(self.fabric, &mut fid, 1) == 0 }
+        let rc = unsafe { ((*(*self.fabric).ops).trywait)(self.fabric, &mut fid, 1) };
+        if rc != 0 && rc as isize != -sys::FI_EAGAIN {
+            tracing::trace!("ofi: fi_trywait: {}", self.lib.strerror(rc.into()));
+        }
+        rc == 0
     }
 }
 

@@ -11,8 +11,9 @@
 //! write completion must name a slot whose region is open. Anything else marks that peer dead
 //! with a message naming it, which every wait on the peer then reports.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
+use std::time::{Duration, Instant};
 
 use super::fabric::{Endpoint, Mr};
 use super::sys::{self, Context2, FiAddr};
@@ -22,6 +23,10 @@ use crate::device::CtsEntry;
 /// Receives kept posted per peer (a message beyond them waits in the provider's unexpected
 /// queue, so the number only bounds the copies in flight).
 pub const RECVS: usize = 32;
+/// How long a peer may take no operation of ours (the provider says busy, as `tcp;ofi_rxm`
+/// does while it fails to reconnect to a peer that is gone) before it counts as unreachable.
+/// The progress thread's liveness messages make this the time to notice a dead peer.
+pub const STUCK: Duration = Duration::from_secs(1);
 
 /// A completion slot: the published immediate and length, and the transfer in progress (its
 /// immediate message, and the data writes counted so far).
@@ -63,6 +68,9 @@ pub struct PeerState {
     pub failed: Option<String>,
     /// Why the peer is unreachable or was cut off.
     pub dead: Option<String>,
+    /// Our operations to the peer waiting in the backlog, and since when none has moved.
+    backlogged: usize,
+    stuck_since: Option<Instant>,
 }
 
 impl PeerState {
@@ -88,6 +96,8 @@ impl PeerState {
             in_flight: 0,
             failed: None,
             dead: None,
+            backlogged: 0,
+            stuck_since: None,
         }
     }
 
@@ -114,16 +124,66 @@ impl PeerState {
     }
 }
 
-/// What a posted operation is, for its completion.
+/// What a posted operation is: what it needs to be posted (again, after the provider said
+/// it was busy) and, at its completion, what to do.
 enum What {
     /// A receive from `peer` into `buf`.
     Recv { peer: usize, buf: Box<[u8]> },
     /// A message to `peer`; the buffer lives until sent.
     Send { peer: usize, buf: Vec<u8> },
-    /// A data write to `peer`.
-    Write { peer: usize },
-    /// A read from `peer`; `done` when complete.
-    Read { peer: usize },
+    /// A data write of `[src, src+len)` to `peer`'s `(key, addr)` with completion `data`.
+    Write {
+        peer: usize,
+        src: *const u8,
+        len: usize,
+        rma: (u64, u64, u64),
+    },
+    /// A read of `peer`'s `(key, addr)` into `[dst, dst+len)`.
+    Read {
+        peer: usize,
+        dst: *mut u8,
+        len: usize,
+        rma: (u64, u64),
+    },
+}
+
+impl What {
+    fn peer(&self) -> usize {
+        match *self {
+            What::Recv { peer, .. }
+            | What::Send { peer, .. }
+            | What::Write { peer, .. }
+            | What::Read { peer, .. } => peer,
+        }
+    }
+
+    /// Posts the operation to `to` with context `ctx` (libfabric's return code).
+    ///
+    /// # Safety
+    /// The buffers must stay valid and `ctx` live and unmoved until the completion: the op
+    /// table owns the buffers and the context; the callers of [`State::write`] and
+    /// [`State::read`] keep theirs valid.
+    unsafe fn post(&self, ep: &Endpoint, to: FiAddr, ctx: *mut c_void) -> isize {
+        // SAFETY: as the function's contract says.
+        unsafe {
+            match self {
+                What::Recv { buf, .. } => ep.recv(buf.as_ptr().cast_mut(), buf.len(), to, ctx),
+                What::Send { buf, .. } => ep.send(buf.as_ptr(), buf.len(), to, ctx),
+                &What::Write {
+                    src,
+                    len,
+                    rma: (addr, key, data),
+                    ..
+                } => ep.writedata(src, len, data, to, addr, key, ctx),
+                &What::Read {
+                    dst,
+                    len,
+                    rma: (addr, key),
+                    ..
+                } => ep.read(dst, len, to, addr, key, ctx),
+            }
+        }
+    }
 }
 
 /// A posted operation: its context (whose address identifies it) and what it is.
@@ -137,12 +197,18 @@ struct Op {
 pub struct State {
     pub peers: Vec<Option<PeerState>>,
     ops: HashMap<usize, Op>,
+    /// Operations the provider was too busy to take, in posting order, by context address.
+    backlog: VecDeque<(usize, Op)>,
     /// Reads completed, by context address, until their waiter takes them.
     reads_done: Vec<usize>,
     pub depth: usize,
     pub eager_max: usize,
     pub ep: Endpoint,
 }
+
+// SAFETY: the raw buffer pointers of queued writes and reads are only used to post them, under
+// the device's lock; their owners keep them valid until the operations complete.
+unsafe impl Send for State {}
 
 impl State {
     pub fn new(
@@ -154,6 +220,7 @@ impl State {
         State {
             peers,
             ops: HashMap::new(),
+            backlog: VecDeque::new(),
             reads_done: Vec::new(),
             depth,
             eager_max,
@@ -167,52 +234,89 @@ impl State {
             .expect("a link connects two distinct ranks")
     }
 
-    /// Posts `post` with a fresh context recorded as `what`; retries while the provider is
-    /// busy (driving progress). The context's address on success.
-    fn post(
-        &mut self,
-        what: What,
-        post: impl Fn(&Endpoint, &What, *mut c_void) -> isize,
-    ) -> Result<usize, String> {
-        let mut ctx = Box::<Context2>::default();
-        let key = &mut *ctx as *mut Context2 as usize;
-        for _ in 0..1_000_000 {
-            let rc = post(&self.ep, &what, key as *mut c_void);
+    /// Posts `what` with a fresh context (the context's address identifies it); when the
+    /// provider is busy, or earlier operations to the same peer wait, it waits in the backlog
+    /// that [`State::progress`] retries.
+    fn post(&mut self, what: What) -> Result<usize, String> {
+        let peer = what.peer();
+        let mut op = Op {
+            ctx: Box::default(),
+            what,
+        };
+        let key = &mut *op.ctx as *mut Context2 as usize;
+        let p = self.peer(peer);
+        if let (Some(why), false) = (&p.dead, matches!(op.what, What::Recv { .. })) {
+            return Err(format!("the peer {why}"));
+        }
+        if p.backlogged == 0 {
+            let to = p.addr;
+            // SAFETY: the op table or the backlog owns the buffer and context from here on.
+            let rc = unsafe { op.what.post(&self.ep, to, key as *mut c_void) };
             if rc == 0 {
-                self.ops.insert(key, Op { ctx, what });
+                self.ops.insert(key, op);
                 return Ok(key);
             }
             if rc != -sys::FI_EAGAIN {
                 return Err(self.ep.strerror(rc as i64));
             }
-            self.progress();
+            self.peer(peer).stuck_since = Some(Instant::now());
         }
-        Err("the provider stays busy".into())
+        self.peer(peer).backlogged += 1;
+        self.backlog.push_back((key, op));
+        Ok(key)
+    }
+
+    /// Posts what waits in the backlog, in order per peer; a peer whose operations have not
+    /// moved for [`STUCK`] is unreachable.
+    fn retry_backlog(&mut self) {
+        let mut blocked = Vec::new();
+        for _ in 0..self.backlog.len() {
+            let (key, op) = self.backlog.pop_front().expect("counted");
+            let peer = op.what.peer();
+            let to = self.peer(peer).addr;
+            let rc = if self.peer(peer).dead.is_some() {
+                -(libc::ECONNRESET as isize)
+            } else if blocked.contains(&peer) {
+                -sys::FI_EAGAIN
+            } else {
+                // SAFETY: as in `post`.
+                unsafe { op.what.post(&self.ep, to, key as *mut c_void) }
+            };
+            if rc == -sys::FI_EAGAIN {
+                blocked.push(peer);
+                self.backlog.push_back((key, op));
+                continue;
+            }
+            let p = self.peer(peer);
+            p.backlogged -= 1;
+            p.stuck_since = (p.backlogged > 0).then(Instant::now);
+            if rc == 0 {
+                self.ops.insert(key, op);
+            } else {
+                let why = self.ep.strerror(rc as i64);
+                self.ops.insert(key, op);
+                self.failed(key, why);
+            }
+        }
+        for p in self.peers.iter_mut().flatten() {
+            if p.stuck_since.is_some_and(|t| t.elapsed() >= STUCK) {
+                p.kill(format!(
+                    "is unreachable: nothing could be sent to it for {:.1} s",
+                    STUCK.as_secs_f64()
+                ));
+            }
+        }
     }
 
     /// Posts one receive from `peer` into `buf`.
     pub fn post_recv(&mut self, peer: usize, buf: Box<[u8]>) -> Result<(), String> {
-        let src = self.peer(peer).addr;
-        self.post(What::Recv { peer, buf }, |ep, what, ctx| match what {
-            // SAFETY: the buffer and the context live in the op table until the completion.
-            What::Recv { buf, .. } => unsafe {
-                ep.recv(buf.as_ptr().cast_mut(), buf.len(), src, ctx)
-            },
-            _ => unreachable!("posting a receive"),
-        })
-        .map(drop)
+        self.post(What::Recv { peer, buf }).map(drop)
     }
 
     /// Sends `h` with `payload` to `peer`.
     pub fn send(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
-        let dest = self.peer(peer).addr;
         let buf = h.encode(payload);
-        self.post(What::Send { peer, buf: buf }, |ep, what, ctx| match what {
-            // SAFETY: the buffer and the context live in the op table until the completion.
-            What::Send { buf, .. } => unsafe { ep.send(buf.as_ptr(), buf.len(), dest, ctx) },
-            _ => unreachable!("posting a send"),
-        })
-        .map(drop)
+        self.post(What::Send { peer, buf }).map(drop)
     }
 
     /// Writes `[src, src+len)` to `peer`'s `(key, addr)` with completion data `data`.
@@ -223,12 +327,13 @@ impl State {
         &mut self,
         peer: usize,
         (src, len): (*const u8, usize),
-        (addr, key, data): (u64, u64, u64),
+        rma: (u64, u64, u64),
     ) -> Result<(), String> {
-        let dest = self.peer(peer).addr;
-        self.post(What::Write { peer }, |ep, _, ctx| {
-            // SAFETY: `src` by the caller's contract; the context lives in the op table.
-            unsafe { ep.writedata(src, len, data, dest, addr, key, ctx) }
+        self.post(What::Write {
+            peer,
+            src,
+            len,
+            rma,
         })?;
         self.peer(peer).in_flight += 1;
         Ok(())
@@ -243,15 +348,25 @@ impl State {
         &mut self,
         peer: usize,
         (dst, len): (*mut u8, usize),
-        (addr, key): (u64, u64),
+        rma: (u64, u64),
     ) -> Result<usize, String> {
-        let src = self.peer(peer).addr;
-        let id = self.post(What::Read { peer }, |ep, _, ctx| {
-            // SAFETY: `dst` by the caller's contract; the context lives in the op table.
-            unsafe { ep.read(dst, len, src, addr, key, ctx) }
+        let id = self.post(What::Read {
+            peer,
+            dst,
+            len,
+            rma,
         })?;
         self.peer(peer).in_flight += 1;
         Ok(id)
+    }
+
+    /// Whether messages, writes or reads of ours have not completed yet (receives aside).
+    pub fn sending(&self) -> bool {
+        !self.backlog.is_empty()
+            || self
+                .ops
+                .values()
+                .any(|op| !matches!(op.what, What::Recv { .. }))
     }
 
     /// Whether read `id` has completed (forgetting it if so).
@@ -271,7 +386,12 @@ impl State {
         let mut any = false;
         loop {
             match self.ep.poll(&mut entries) {
-                Ok(0) => return any,
+                Ok(0) => {
+                    if !self.backlog.is_empty() {
+                        self.retry_backlog();
+                    }
+                    return any;
+                }
                 Ok(n) => {
                     any = true;
                     for e in &entries[..n] {
@@ -292,13 +412,10 @@ impl State {
             tracing::warn!("ofi: an error completion of no operation of ours: {why}");
             return;
         };
-        let peer = match op.what {
-            What::Recv { peer, .. } | What::Send { peer, .. } => peer,
-            What::Write { peer } | What::Read { peer } => {
-                self.peer(peer).in_flight -= 1;
-                peer
-            }
-        };
+        let peer = op.what.peer();
+        if matches!(op.what, What::Write { .. } | What::Read { .. }) {
+            self.peer(peer).in_flight -= 1;
+        }
         self.peer(peer).kill(format!("is unreachable: {why}"));
     }
 
@@ -314,8 +431,8 @@ impl State {
         };
         match op.what {
             What::Send { .. } => {}
-            What::Write { peer } => self.peer(peer).in_flight -= 1,
-            What::Read { peer } => {
+            What::Write { peer, .. } => self.peer(peer).in_flight -= 1,
+            What::Read { peer, .. } => {
                 self.peer(peer).in_flight -= 1;
                 self.reads_done.push(key);
             }
