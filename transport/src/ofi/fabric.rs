@@ -143,6 +143,10 @@ fn check(lib: &Lib, what: &str, rc: c_int) -> Result<(), String> {
 impl Endpoint {
     /// Opens an endpoint of `provider` (else of the first suitable one).
     pub fn open(lib: &'static Lib, provider: Option<&str>) -> Result<Endpoint, String> {
+        sys::keeping_signal_handlers(|| Endpoint::open_inner(lib, provider))
+    }
+
+    fn open_inner(lib: &'static Lib, provider: Option<&str>) -> Result<Endpoint, String> {
         let info = getinfo(lib, provider)?;
         let mut e = Endpoint {
             lib,

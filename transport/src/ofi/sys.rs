@@ -402,7 +402,9 @@ impl Lib {
         const NAME: &CStr = c"libfabric.so.1";
         // SAFETY: a NUL-terminated name; the handle is never closed, so the functions found
         // below stay valid for the life of the process.
-        let handle = unsafe { libc::dlopen(NAME.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        let handle = keeping_signal_handlers(|| unsafe {
+            libc::dlopen(NAME.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL)
+        });
         if handle.is_null() {
             // SAFETY: dlerror returns NULL or a NUL-terminated message owned by libc.
             let why = unsafe { libc::dlerror() };
@@ -474,6 +476,32 @@ impl Lib {
         let v = unsafe { (self.version)() };
         format!("{}.{}", v >> 16, v & 0xffff)
     }
+}
+
+/// Runs `f` (a call that may initialize libfabric's providers) and puts back this process's
+/// handlers of the crash signals afterwards: some libraries libfabric loads (the PSM ones of
+/// Debian's build) install their own at load time, which print a backtrace and `exit(1)`,
+/// turning an abort into a plain exit and overriding the application's handlers.
+pub fn keeping_signal_handlers<T>(f: impl FnOnce() -> T) -> T {
+    const SIGNALS: [c_int; 5] = [
+        libc::SIGSEGV,
+        libc::SIGBUS,
+        libc::SIGILL,
+        libc::SIGFPE,
+        libc::SIGABRT,
+    ];
+    // SAFETY: sigaction is plain data; zero is a valid initial value.
+    let mut saved: [libc::sigaction; 5] = unsafe { std::mem::zeroed() };
+    for (sig, old) in SIGNALS.iter().zip(saved.iter_mut()) {
+        // SAFETY: reads the current disposition into `old`.
+        unsafe { libc::sigaction(*sig, std::ptr::null(), old) };
+    }
+    let out = f();
+    for (sig, old) in SIGNALS.iter().zip(saved.iter()) {
+        // SAFETY: restores a disposition read above.
+        unsafe { libc::sigaction(*sig, old, std::ptr::null_mut()) };
+    }
+    out
 }
 
 /// A NUL-terminated C string as text (empty for NULL).
