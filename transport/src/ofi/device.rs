@@ -215,8 +215,8 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// Blocks until the completion queue's descriptor is readable or `ms` pass (a short sleep
-/// without one).
+/// Blocks until the completion queue's descriptor is readable or `ms` pass (without one, a
+/// sleep of at most a millisecond: the provider then only moves when polled).
 fn block(fd: Option<i32>, ms: i32) {
     match fd {
         Some(fd) => {
@@ -228,7 +228,7 @@ fn block(fd: Option<i32>, ms: i32) {
             // SAFETY: one valid pollfd; a descriptor closed meanwhile only makes poll return.
             unsafe { libc::poll(&mut p, 1, ms) };
         }
-        None => std::thread::sleep(Duration::from_micros(50)),
+        None => std::thread::sleep(Duration::from_millis(ms.clamp(0, 1) as u64)),
     }
 }
 

@@ -427,8 +427,11 @@ impl Endpoint {
     }
 
     /// Whether the caller may now block on [`Endpoint::wait_fd`] (`fi_trywait`: false when
-    /// completions are ready and must be read first).
+    /// completions are ready and must be read first); true without a wait object.
     pub fn trywait(&self) -> bool {
+        if self.wait_fd.is_none() {
+            return true;
+        }
         let mut fid: *mut Fid = self.cq.cast();
         // SAFETY: a live fabric's `trywait` over our live CQ.
         let rc = unsafe { ((*(*self.fabric).ops).trywait)(self.fabric, &mut fid, 1) };
