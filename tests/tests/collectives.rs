@@ -382,7 +382,7 @@ ofi_tests!(RXM, "barrier": ofi_barrier_w3 = 3);
 ofi_tests!(Libfabric::System("shm"), "allreduce_mixed": ofi_shm_allreduce_mixed_w2 = 2);
 ofi_tests!(Libfabric::System("shm"), "allgather": ofi_shm_allgather_w3 = 3);
 ofi_tests!(Libfabric::IntelMpi("tcp"), "allreduce_mixed": ofi2_tcp_allreduce_mixed_w2 = 2);
-ofi_tests!(Libfabric::IntelMpi("tcp"), "all_to_all": ofi2_tcp_all_to_all_w3 = 3);
+ofi_tests!(Libfabric::IntelMpi("tcp"), "all_to_all": ofi2_tcp_all_to_all_w2 = 2);
 
 /// Over `ofi`, the 2-rank pairs: reads of the peer's offered memory (`fi_read`).
 #[test]

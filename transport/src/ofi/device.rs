@@ -373,8 +373,8 @@ impl RmaDevice for OfiDevice {
         let read = entry.nreqs & CTS_READ != 0;
         let mut s = self.lock();
         // An eager-sized write entry only tells a rendezvous sender of a length mismatch: no
-        // data is written into it, so it opens no region.
-        let rkey = if read || entry.size as usize > EAGER_MAX {
+        // data is written into it, so it opens no region (nor does an empty one).
+        let rkey = if entry.size > 0 && (read || entry.size as usize > EAGER_MAX) {
             let access = if read {
                 sys::FI_REMOTE_READ
             } else {
