@@ -20,6 +20,8 @@ every launch sets up the same hosts. Per variant:
               per size (ampccl-perf's rank-per-host mode: MASTER_ADDR/RANK/WORLD_SIZE from
               ampccl-hosts). --pin-ampccl runs each rank under `taskset -c RANK%CPUS`, as the
               peers below are pinned; by default ampccl-perf decides (it does not pin there).
+  ampccl-ofi  the same over the ofi provider on libfabric's tcp;ofi_rxm (AMPCCL_TRANSPORT=ofi,
+              AMPCCL_OFI_PROVIDER=tcp;ofi_rxm).
   gloo        `ampccl-hosts -k K -- torch/bin/python peer_bench.py --backend gloo`: each rank
               is a torch.distributed process (init_method env://, GLOO_SOCKET_IFNAME=eth0,
               pinned to CPU RANK%CPUS by peer_bench.py), all sizes in one launch.
@@ -98,11 +100,13 @@ SUBNET = "10.213.0.0/24"  # tests/src/hosts.rs: host i is 10.213.0.<i+1>
 OPS = ("allreduce", "allgather", "reducescatter", "broadcast")
 IMB = {"allreduce": "Allreduce", "allgather": "Allgather", "reducescatter": "Reduce_scatter",
        "broadcast": "Bcast"}
-VARIANTS = ("ampccl", "gloo", "impi", "ompi", "ompi-yield")
-TITLES = {"ampccl": "ampccl", "gloo": "Gloo", "impi": "Intel MPI", "ompi": "Open MPI",
-          "ompi-yield": "Open MPI yield"}
-NAMES = {"ampccl": "ampccl", "gloo": "gloo", "impi": "intel-mpi", "ompi": "open-mpi",
-         "ompi-yield": "open-mpi-yield"}
+VARIANTS = ("ampccl", "ampccl-ofi", "gloo", "impi", "ompi", "ompi-yield")
+TITLES = {"ampccl": "ampccl", "ampccl-ofi": "ampccl ofi", "gloo": "Gloo", "impi": "Intel MPI",
+          "ompi": "Open MPI", "ompi-yield": "Open MPI yield"}
+NAMES = {"ampccl": "ampccl", "ampccl-ofi": "ampccl-ofi", "gloo": "gloo", "impi": "intel-mpi",
+         "ompi": "open-mpi", "ompi-yield": "open-mpi-yield"}
+# The ofi provider over libfabric's tcp;ofi_rxm (the system's libfabric).
+OFI_ENV = {"AMPCCL_TRANSPORT": "ofi", "AMPCCL_OFI_PROVIDER": "tcp;ofi_rxm"}
 IPERF = {"single": "-t {t}", "P4": "-t {t} -P 4", "bidir": "-t {t} --bidir"}
 CEILINGS = ("single", "P4", "bidir 1->0", "bidir 0->1")
 CEIL_TITLES = {"single": "iperf3 1 stream", "P4": "iperf3 -P 4 (sum)",
@@ -172,7 +176,7 @@ class Bench:
 
     # --- the variants: each returns {size: (time_us, wrong or None)} ---
 
-    def ampccl(self, op, sizes):
+    def ampccl(self, op, sizes, env=None):
         res = {}
         for s in sizes:
             n, w = iterations(s)
@@ -182,7 +186,7 @@ class Bench:
             if self.a.pin_ampccl:
                 ncpu = len(self.cpus)
                 prog = ["sh", "-c", f'exec taskset -c "$(( $RANK % {ncpu} ))" "$@"', "pin"] + prog
-            launch(self.hosts(prog), dict(os.environ), self.a.timeout)
+            launch(self.hosts(prog), dict(os.environ, **(env or {})), self.a.timeout)
             with open(out) as f:
                 rows = self.csv_rows(f.read(), op)
             os.remove(out)
@@ -273,6 +277,7 @@ class Bench:
 def installed(v):
     """None if variant v can run here, else what is missing."""
     need = {"ampccl": [hosts_exe(), perf_exe()],
+            "ampccl-ofi": [hosts_exe(), perf_exe()],
             "gloo": [f"{PEERS_HOME}/torch/bin/python"],
             "impi": [f"{PEERS_HOME}/impi/bin/mpirun", f"{PEERS_HOME}/impi/bin/IMB-MPI1"],
             "ompi": [f"{PEERS_HOME}/ompi/bin/mpirun", f"{PEERS_HOME}/ompi/bin/python"],
@@ -321,7 +326,8 @@ def main():
         expand = {"ompi": ["ompi", "ompi-yield"], "ompi-default": ["ompi"]}.get(p, [p])
         for v in expand:
             if v not in VARIANTS + ("iperf3",):
-                sys.exit(f"unknown peer {p}; known: ampccl, iperf3, gloo, impi, ompi, ompi-default, ompi-yield")
+                sys.exit(f"unknown peer {p}; known: ampccl, ampccl-ofi, iperf3, gloo, impi, ompi, "
+                         "ompi-default, ompi-yield")
             if v not in order:
                 order.append(v)
     for v in list(order):
@@ -332,7 +338,8 @@ def main():
         sys.exit("nothing to run")
     variants = [v for v in order if v != "iperf3"]
     b = Bench(a)
-    runners = {"ampccl": b.ampccl, "gloo": b.gloo, "impi": b.impi, "ompi": b.ompi,
+    runners = {"ampccl": b.ampccl, "ampccl-ofi": lambda op, s: b.ampccl(op, s, OFI_ENV),
+               "gloo": b.gloo, "impi": b.impi, "ompi": b.ompi,
                "ompi-yield": lambda op, s: b.ompi(op, s, yield_when_idle=True)}
     os.makedirs(a.out_dir, exist_ok=True)
     # times[(op, v)][size] = [us per round]; ceil[name] = [GB/s per round]
@@ -427,7 +434,7 @@ def main():
                     if t:
                         f.write(f"{op},{k},{nb},{nb // 4},float,{redop},{root},{placement(op)},{t:.3f},"
                                 f"{alg:.4f},{alg * BUS[op](k):.4f},{w or 0}\n")
-        peers = [v for v in variants if v != "ampccl"]
+        peers = [v for v in variants if not v.startswith("ampccl")]
         head = ["size"]
         for v in variants:
             head += [f"{TITLES[v]} us", f"{TITLES[v]} GB/s"]

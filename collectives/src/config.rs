@@ -8,7 +8,8 @@
 //! | `AMPCCL_TIMEOUT_S` | 300 | (0, 1e6] s | longest wait for a peer before an operation fails |
 //! | `AMPCCL_BUFFSIZE` | 4M | [4K, 1G] bytes | bytes of each CCL buffer (input and output) per rank |
 //! | `AMPCCL_SHM_CMA` | 1 | 0 or 1 | use cross-memory attach when the kernel permits |
-//! | `AMPCCL_TRANSPORT` | (probe) | `shm`, `tcp` | the transport provider (default: shared memory on one host, TCP across hosts) |
+//! | `AMPCCL_TRANSPORT` | (probe) | `shm`, `ofi`, `tcp` | the transport provider (default: shared memory on one host, TCP across hosts; `ofi`: libfabric's RMA) |
+//! | `AMPCCL_OFI_PROVIDER` | (first suitable) | a libfabric provider name | the libfabric provider of `ofi` (like `FI_PROVIDER`); set, it also selects `ofi` |
 //! | `AMPCCL_SHM_DISABLE` | 0 | 0 or 1 | `1`: ranks of one host talk over the network provider too |
 //! | `AMPCCL_SOCKET_IFNAME` | (the interface that routes to the root) | NCCL's syntax: `eth,ib`, `^docker,lo`, `=eth0` | the interface ranks listen on (read by the bootstrap, like `NCCL_SOCKET_IFNAME`) |
 //! | `AMPCCL_HOSTID` | (hostname + boot id) | any text | the host identity ranks compare to tell hosts apart (read by the bootstrap, like `NCCL_HOSTID`) |

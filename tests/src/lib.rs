@@ -28,6 +28,7 @@ use ampccl::{Communicator, Error, UniqueId};
 
 pub mod data;
 pub mod hosts;
+pub mod ofi;
 
 pub use hosts::Hosts;
 

@@ -8,6 +8,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use ampccl::{Communicator, ReduceOp, SharedBuf};
 use ampccl_tests::data::{TestElem, check, input, mix, reduced};
+use ampccl_tests::ofi::{self, Libfabric};
 use ampccl_tests::{Hosts, Launch, Outcome, each_dtype, err, init_comm, launch, worker};
 
 /// Counts every dtype and op runs.
@@ -354,6 +355,44 @@ world_tests!("all_to_all", TCP: tcp_all_to_all_w2 = 2, tcp_all_to_all_w3 = 3);
 world_tests!("sendrecv", TCP: tcp_sendrecv_w2 = 2, tcp_sendrecv_w3 = 3);
 world_tests!("barrier", TCP: tcp_barrier_w3 = 3);
 
+/// The `ofi` provider (libfabric's RMA) between the ranks of this host, over `$lib`.
+macro_rules! ofi_tests {
+    ($lib:expr, $scenario:literal: $($name:ident = $w:literal),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            if let Some(l) = ofi::over(Launch::new($w, $scenario), $lib) {
+                l.run();
+            }
+        }
+    )*};
+}
+
+/// libfabric 1.17's `tcp;ofi_rxm` (manual progress, application-chosen keys, offsets).
+const RXM: Libfabric = Libfabric::System("tcp;ofi_rxm");
+ofi_tests!(RXM, "allreduce": ofi_allreduce_w2 = 2, ofi_allreduce_w3 = 3);
+ofi_tests!(RXM, "allreduce_mixed": ofi_allreduce_mixed_w2 = 2);
+ofi_tests!(RXM, "allgather": ofi_allgather_w3 = 3);
+ofi_tests!(RXM, "reduce_scatter": ofi_reduce_scatter_w3 = 3);
+ofi_tests!(RXM, "broadcast": ofi_broadcast_w3 = 3);
+ofi_tests!(RXM, "all_to_all": ofi_all_to_all_w3 = 3);
+ofi_tests!(RXM, "sendrecv": ofi_sendrecv_w3 = 3);
+ofi_tests!(RXM, "barrier": ofi_barrier_w3 = 3);
+// libfabric 1.17's `shm` (virtual addresses, no wait object), and libfabric 2.x's `tcp` (its
+// own reliable datagrams, automatic progress) from Intel MPI's wheel.
+ofi_tests!(Libfabric::System("shm"), "allreduce_mixed": ofi_shm_allreduce_mixed_w2 = 2);
+ofi_tests!(Libfabric::System("shm"), "allgather": ofi_shm_allgather_w3 = 3);
+ofi_tests!(Libfabric::IntelMpi("tcp"), "allreduce_mixed": ofi2_tcp_allreduce_mixed_w2 = 2);
+ofi_tests!(Libfabric::IntelMpi("tcp"), "all_to_all": ofi2_tcp_all_to_all_w2 = 2);
+
+/// Over `ofi`, the 2-rank pairs: reads of the peer's offered memory (`fi_read`).
+#[test]
+fn ofi_broadcast_w2_pair() {
+    let l = Launch::new(2, "broadcast").env("AMPCCL_ALGO_BROADCAST", "BroadcastPair");
+    if let Some(l) = ofi::over(l, RXM) {
+        l.run();
+    }
+}
+
 /// Over TCP, the 2-rank pairs (reads of the peer's offered memory, writes into it).
 #[test]
 fn tcp_allreduce_w2_pair() {
@@ -573,22 +612,31 @@ fn topology(c: &Communicator) -> Outcome {
 }
 
 /// Runs `scenario` with rank `r` on emulated host `placement[r]` (a network namespace with a
-/// private `/dev/shm` each, see `docs/TESTING.md`): ranks on different hosts talk over TCP.
-fn across_hosts(scenario: &str, placement: &[usize]) {
+/// private `/dev/shm` each, see `docs/TESTING.md`): ranks on different hosts talk over TCP, or
+/// over the `ofi` provider with `lib`.
+fn across_hosts(scenario: &str, placement: &[usize], lib: Option<Libfabric>) {
     let hosts = placement.iter().max().map_or(1, |h| h + 1);
     let Some(hosts) = Hosts::new_or_skip(hosts) else {
         return;
     };
-    Launch::new(placement.len(), scenario)
-        .on_hosts(&hosts, placement)
-        .run();
+    let launch = Launch::new(placement.len(), scenario).on_hosts(&hosts, placement);
+    let launch = match lib {
+        Some(lib) => ofi::over(launch, lib),
+        None => Some(launch),
+    };
+    if let Some(l) = launch {
+        l.run();
+    }
 }
 
 macro_rules! host_tests {
-    ($placement:expr; $($name:ident = $scenario:literal),* $(,)?) => {$(
+    ($placement:expr; $($name:ident = $scenario:literal),* $(,)?) => {
+        host_tests!(None, $placement; $($name = $scenario),*);
+    };
+    ($lib:expr, $placement:expr; $($name:ident = $scenario:literal),* $(,)?) => {$(
         #[test]
         fn $name() {
-            across_hosts($scenario, &$placement);
+            across_hosts($scenario, &$placement, $lib);
         }
     )*};
 }
@@ -623,6 +671,28 @@ host_tests!([0, 0, 1, 1];
 host_tests!([0, 1, 0, 2];
     hosts_interleaved_allreduce = "allreduce",
     hosts_interleaved_allgather = "allgather",
+);
+// The same across hosts over `ofi` (`tcp;ofi_rxm`), for every pair.
+host_tests!(Some(RXM), [0, 1];
+    ofi_hosts_2x1_allreduce = "allreduce",
+    ofi_hosts_2x1_allgather = "allgather",
+    ofi_hosts_2x1_reduce_scatter = "reduce_scatter",
+    ofi_hosts_2x1_broadcast = "broadcast",
+    ofi_hosts_2x1_reduce = "reduce",
+    ofi_hosts_2x1_all_to_all = "all_to_all",
+    ofi_hosts_2x1_sendrecv = "sendrecv",
+    ofi_hosts_2x1_barrier = "barrier",
+);
+host_tests!(Some(RXM), [0, 1, 2];
+    ofi_hosts_3x1_allreduce = "allreduce",
+    ofi_hosts_3x1_allgather = "allgather",
+);
+host_tests!(Some(RXM), [0, 0, 1, 1];
+    ofi_hosts_2x2_allreduce = "allreduce",
+    ofi_hosts_2x2_all_to_all = "all_to_all",
+);
+host_tests!(Some(Libfabric::IntelMpi("tcp")), [0, 1];
+    ofi2_tcp_hosts_2x1_allreduce = "allreduce",
 );
 
 #[test]

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use ampccl::{Communicator, Error, ReduceOp};
+use ampccl_tests::ofi::{self, Libfabric};
 use ampccl_tests::{
     Hosts, Launch, Outcome, RankResult, describe, ensure, err, init_comm, rank_world,
     shm_segments_of, worker,
@@ -526,6 +527,11 @@ fn killed_in_with(world: usize, scenario: &str, env: &[(&str, &str)]) {
     for (k, v) in env {
         launch = launch.env(k, v);
     }
+    killed(launch);
+}
+
+/// Runs `launch`, whose rank 1 aborts: it must die of the abort, and the others must name it.
+fn killed(launch: Launch) {
     let res = launch
         .may_die(1)
         .env("AMPCCL_TIMEOUT_S", "60")
@@ -633,13 +639,20 @@ fn abort_w2() {
 
 /// Rank 1 aborts during small allgathers with the ranks placed on emulated hosts as
 /// `placement` says: every survivor, on its host (shared memory) or another (TCP), names it.
-fn killed_on_hosts(placement: &[usize]) {
+/// Over the `ofi` provider with `lib` when given.
+fn killed_on_hosts(placement: &[usize], lib: Option<Libfabric>) {
     let hosts = placement.iter().max().map_or(1, |h| h + 1);
     let Some(hosts) = Hosts::new_or_skip(hosts) else {
         return;
     };
-    let res = Launch::new(placement.len(), "killed_rank_small_allgather")
-        .on_hosts(&hosts, placement)
+    let launch =
+        Launch::new(placement.len(), "killed_rank_small_allgather").on_hosts(&hosts, placement);
+    let launch = match lib {
+        Some(lib) => ofi::over(launch, lib),
+        None => Some(launch),
+    };
+    let Some(launch) = launch else { return };
+    let res = launch
         .may_die(1)
         .env("AMPCCL_TIMEOUT_S", "60")
         .deadline(Duration::from_secs(45))
@@ -650,13 +663,30 @@ fn killed_on_hosts(placement: &[usize]) {
 /// A rank killed on another host: its connections close, the survivor names it.
 #[test]
 fn hosts_killed_rank_small_allgather() {
-    killed_on_hosts(&[0, 1]);
+    killed_on_hosts(&[0, 1], None);
 }
 
 /// Shared memory within hosts, TCP across: rank 1's host peer and the other host's ranks.
 #[test]
 fn hosts_2x2_killed_rank_small_allgather() {
-    killed_on_hosts(&[0, 0, 1, 1]);
+    killed_on_hosts(&[0, 0, 1, 1], None);
+}
+
+/// libfabric 1.17's `tcp;ofi_rxm`, which the `ofi` tests run over.
+const RXM: Libfabric = Libfabric::System("tcp;ofi_rxm");
+
+/// Over `ofi`, sends to a dead rank stop moving (the provider keeps failing to reconnect): the
+/// survivors name it as promptly, on one host and across hosts.
+#[test]
+fn ofi_killed_rank_small_allgather_w3() {
+    if let Some(l) = ofi::over(Launch::new(3, "killed_rank_small_allgather"), RXM) {
+        killed(l);
+    }
+}
+
+#[test]
+fn ofi_hosts_killed_rank_small_allgather() {
+    killed_on_hosts(&[0, 1], Some(RXM));
 }
 
 /// A host's link taken down in the middle of a collective: nothing closes, nothing arrives;
@@ -673,6 +703,28 @@ fn hosts_link_down_mid_collective() {
     });
     Launch::new(2, "link_lost")
         .on_hosts(&hosts, &[0, 1])
+        .env("AMPCCL_TIMEOUT_S", "3")
+        .deadline(Duration::from_secs(40))
+        .run();
+    cutter.join().expect("cutter").expect("link down");
+}
+
+/// As `hosts_link_down_mid_collective`, over `ofi`.
+#[test]
+fn ofi_hosts_link_down_mid_collective() {
+    let Some(hosts) = Hosts::new_or_skip(2) else {
+        return;
+    };
+    let launch = Launch::new(2, "link_lost").on_hosts(&hosts, &[0, 1]);
+    let Some(launch) = ofi::over(launch, RXM) else {
+        return;
+    };
+    let cut = hosts.clone();
+    let cutter = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1500));
+        cut.link_down(1)
+    });
+    launch
         .env("AMPCCL_TIMEOUT_S", "3")
         .deadline(Duration::from_secs(40))
         .run();

@@ -6,14 +6,15 @@
 //!   protocol over it, [`eager`] its variant for small messages; [`link::Link`]: HCCL's link primitives as stream tasks.
 //! - [`transport::Transport`]: a connected provider as a communicator holds it, and
 //!   [`transport::connect`], which picks it from the probe list ([`probe`]).
-//! - providers: [`shm`] (processes on one host), [`tcp`] (any hosts), and [`mixed`]: shared
-//!   memory within hosts with TCP across them.
+//! - providers: [`shm`] (processes on one host), [`tcp`] (any hosts), [`ofi`] (libfabric's
+//!   RMA, any hosts), and [`mixed`]: shared memory within hosts with TCP across them.
 
 pub mod bootstrap;
 pub mod device;
 pub mod eager;
 pub mod link;
 pub mod mixed;
+pub mod ofi;
 pub mod probe;
 pub mod protocol;
 pub mod shm;

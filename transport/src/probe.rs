@@ -1,10 +1,13 @@
 //! The ordered provider probe list (NCCL style: the first provider that can connect wins).
 //!
-//! Shared memory connects ranks of one host; the network provider (TCP, the only one built so
-//! far) connects any ranks. `AMPCCL_TRANSPORT` names the provider to use (`tcp`, or `shm` to
-//! insist on shared memory); `AMPCCL_SHM_DISABLE=1` skips shared memory, so ranks of one host
-//! talk over the network provider too (for tests and comparisons). A communicator uses one
-//! provider for all its pairs; ranks on several hosts take the network provider.
+//! Shared memory connects ranks of one host; the network providers connect any ranks: `ofi`
+//! (libfabric's RMA, for fabrics: it is probed when `AMPCCL_OFI_PROVIDER` names a libfabric
+//! provider), then TCP, ampccl's own, the default for plain Ethernet, where it is faster than
+//! libfabric's socket providers (docs/PERFORMANCE.md). `AMPCCL_TRANSPORT` names the provider to
+//! use (`tcp`, `ofi`, or `shm` to insist on shared memory); `AMPCCL_SHM_DISABLE=1` skips shared
+//! memory, so ranks of one host talk over a network provider too (for tests and comparisons).
+//! A communicator uses one provider for all its pairs; ranks on several hosts take a network
+//! provider.
 
 use ampccl_runtime::{Error, Result};
 
@@ -15,26 +18,31 @@ use crate::bootstrap::Bootstrap;
 pub enum Provider {
     /// Shared memory between processes of one host.
     Shm,
+    /// libfabric's RMA between any hosts.
+    Ofi,
     /// TCP between any hosts.
     Tcp,
 }
 
 impl Provider {
     /// Every provider, in probe order.
-    pub const ALL: [Provider; 2] = [Provider::Shm, Provider::Tcp];
+    pub const ALL: [Provider; 3] = [Provider::Shm, Provider::Ofi, Provider::Tcp];
 
     /// Name used by `AMPCCL_TRANSPORT`.
     pub fn name(self) -> &'static str {
         match self {
             Provider::Shm => "shm",
+            Provider::Ofi => "ofi",
             Provider::Tcp => "tcp",
         }
     }
 
-    /// Whether this provider can connect the ranks of `boot`.
-    pub fn can_connect(self, boot: &Bootstrap) -> bool {
+    /// Whether this provider can connect the ranks of `boot` (`ofi` when asked for: by name,
+    /// or through `AMPCCL_OFI_PROVIDER`; whether libfabric opens shows when it connects).
+    pub fn can_connect(self, boot: &Bootstrap, forced: bool) -> bool {
         match self {
             Provider::Shm => boot.host_ids().iter().all(|h| *h == boot.host_id()),
+            Provider::Ofi => forced || crate::ofi::provider_from_env().is_some(),
             Provider::Tcp => true,
         }
     }
@@ -61,7 +69,7 @@ pub fn select(boot: &Bootstrap, forced: Option<&str>, shm_disable: bool) -> Resu
     };
     candidates
         .into_iter()
-        .find(|p| p.can_connect(boot))
+        .find(|p| p.can_connect(boot, forced.is_some()))
         .ok_or_else(|| {
             Error::InvalidUsage(
                 "AMPCCL_TRANSPORT=shm cannot connect these ranks: they span several hosts".into(),

@@ -4,7 +4,8 @@
 //! operation record peers compare against theirs.
 //!
 //! [`connect`] picks the provider from the probe list ([`crate::probe`]) and connects it: the
-//! shared-memory provider ([`crate::shm`]) or TCP ([`crate::tcp`]); the communicator never
+//! shared-memory provider ([`crate::shm`]), libfabric's RMA ([`crate::ofi`]) or TCP
+//! ([`crate::tcp`]); the communicator never
 //! names a concrete provider.
 
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use crate::bootstrap::Bootstrap;
 use crate::device::{OpRecord, RmaDevice};
 use crate::probe::{self, Provider};
 use crate::shm::{self, ShmConfig, ShmDevice};
-use crate::{mixed, tcp};
+use crate::{mixed, ofi, tcp};
 
 /// Formats a peer's operation record for a mismatch error (`None`: not a record).
 pub type OpFormatter = fn(&[u64]) -> Option<String>;
@@ -106,6 +107,7 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<dyn Transp
             };
             Ok(shm::connect(boot, &shm_cfg)?)
         }
+        Provider::Ofi => Ok(ofi::connect(boot, cfg)?),
         Provider::Tcp => Ok(tcp::connect(boot, cfg)?),
     }
 }

@@ -1,0 +1,643 @@
+//! [`OfiDevice`]: the connected `ofi` provider ([`connect`]) and its RMA device and transport
+//! interfaces.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use ampccl_runtime::doorbell::Doorbell;
+use ampccl_runtime::mem::HostBuffer;
+use ampccl_runtime::task::CopyTo;
+use ampccl_runtime::{Error, Result};
+use rand::TryRngCore;
+
+use super::fabric::Endpoint;
+use super::state::{PeerState, RECVS, State};
+use super::sys::{self, Lib};
+use super::wire::{self, Header, Kind};
+use crate::bootstrap::Bootstrap;
+use crate::device::{CTS_READ, CtsEntry, EagerHeader, IMM_ERROR, OpRecord, RmaDevice};
+use crate::transport::{OpFormatter, Transport, TransportConfig};
+
+/// Largest eager message (as the TCP provider's: one round trip saved per small message).
+pub const EAGER_MAX: usize = 4096;
+/// Operation records this rank keeps for its own mismatch messages.
+const OP_HISTORY: usize = 8;
+/// How often the progress thread sends each peer a liveness message: a send to a dead peer
+/// fails, which is how its death shows within about a second.
+const PING_EVERY: Duration = Duration::from_millis(300);
+/// Longest sleep of the progress thread on the completion queue's descriptor.
+const IDLE_WAIT_MS: i32 = 100;
+/// How long closing waits for our last messages to leave.
+const FLUSH_WAIT: Duration = Duration::from_millis(500);
+/// Bootstrap tags of the set-up exchanges.
+const TAG_PROVIDER: u64 = 0x4f46_4900_0000_0001;
+const TAG_ADDRS: u64 = 0x4f46_4900_0000_0002;
+const TAG_READY: u64 = 0x4f46_4900_0000_0003;
+
+/// The loaded libfabric, or why there is none.
+pub fn library() -> std::result::Result<&'static Lib, String> {
+    static LIB: OnceLock<std::result::Result<&'static Lib, String>> = OnceLock::new();
+    LIB.get_or_init(|| Lib::load().map(|l| &*Box::leak(Box::new(l))))
+        .clone()
+}
+
+/// The libfabric provider `AMPCCL_OFI_PROVIDER` names (like `FI_PROVIDER`), if any.
+pub fn provider_from_env() -> Option<String> {
+    std::env::var("AMPCCL_OFI_PROVIDER")
+        .ok()
+        .filter(|s| !s.is_empty())
+}
+
+/// The `ofi` provider connected to every peer of a communicator.
+pub struct OfiDevice {
+    rank: usize,
+    depth: usize,
+    state: Mutex<State>,
+    descs: Vec<String>,
+    wait_fd: Option<i32>,
+    virt_addr: bool,
+    bell: Doorbell,
+    window: HostBuffer,
+    failed: AtomicBool,
+    ops: Mutex<VecDeque<OpRecord>>,
+    op_formatter: OnceLock<OpFormatter>,
+    timeout: Duration,
+    /// The next application-chosen memory key (random start: peers cannot guess keys).
+    next_key: Mutex<u64>,
+}
+
+fn setup_err(what: &str) -> Error {
+    Error::Remote(format!("ofi set-up: {what}"))
+}
+
+/// Connects this rank to every peer of `boot` through libfabric: rank 0 picks the provider
+/// (`AMPCCL_OFI_PROVIDER`, else the first suitable one, leaving out `shm` when the ranks span
+/// hosts), every rank opens an endpoint of it, and the ranks swap endpoint addresses.
+pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<OfiDevice>> {
+    let (rank, world) = (boot.rank(), boot.world());
+    if world > 1 << 16 || cfg.fifo_depth > 1 << 16 {
+        return Err(setup_err("at most 65536 ranks and FIFO slots"));
+    }
+    let lib = library();
+    // Rank 0 opens first and tells the others which provider to open (or why none).
+    let mut ep = None;
+    let chosen = if rank == 0 {
+        let one_host = boot.host_ids().iter().all(|h| *h == boot.host_id());
+        let opened = open_default(lib.clone(), provider_from_env().as_deref(), one_host);
+        let msg = match &opened {
+            Ok(e) => format!("ok\n{}", e.caps.provider),
+            Err(why) => format!("error\n{why}"),
+        };
+        ep = opened.ok();
+        boot.broadcast(TAG_PROVIDER, 0, Some(msg.as_bytes()))?
+    } else {
+        boot.broadcast(TAG_PROVIDER, 0, None)?
+    };
+    let chosen = String::from_utf8_lossy(&chosen).into_owned();
+    let name = match chosen.split_once('\n') {
+        Some(("ok", name)) => name.to_string(),
+        Some((_, why)) => return Err(Error::Remote(format!("ofi: rank 0: {why}"))),
+        None => return Err(setup_err("rank 0 sent no provider")),
+    };
+    let ep = match ep {
+        Some(ep) => ep,
+        None => lib
+            .and_then(|lib| Endpoint::open(lib, Some(&name)))
+            .map_err(|why| Error::Remote(format!("ofi: {why}")))?,
+    };
+    let addr = ep.name().map_err(|e| setup_err(&e))?;
+    let mut mine = hostname().into_bytes();
+    mine.push(b'\n');
+    mine.extend_from_slice(&addr);
+    let all = boot.allgather(TAG_ADDRS, &mine)?;
+    let mut peers = Vec::with_capacity(world);
+    let mut descs = Vec::with_capacity(world);
+    for (r, entry) in all.iter().enumerate() {
+        let split = entry
+            .iter()
+            .position(|&b| b == b'\n')
+            .unwrap_or(entry.len());
+        let host = String::from_utf8_lossy(&entry[..split]);
+        let pid = boot.pids().get(r).copied().unwrap_or(0);
+        descs.push(format!("rank {r} (pid {pid} on {host})"));
+        if r == rank {
+            peers.push(None);
+            continue;
+        }
+        let their = entry.get(split + 1..).unwrap_or_default();
+        let fi_addr = ep
+            .insert(their)
+            .map_err(|e| setup_err(&format!("{}: {e}", descs[r])))?;
+        peers.push(Some(PeerState::new(
+            fi_addr,
+            descs[r].clone(),
+            cfg.fifo_depth,
+            EAGER_MAX,
+        )));
+    }
+    let caps = ep.caps.clone();
+    let wait_fd = ep.wait_fd();
+    let version = ep.version();
+    let mut state = State::new(ep, peers, cfg.fifo_depth, EAGER_MAX);
+    for peer in (0..world).filter(|&r| r != rank) {
+        for _ in 0..RECVS {
+            let buf = vec![0u8; wire::HEADER + EAGER_MAX.max(wire::MAX_TEXT)].into_boxed_slice();
+            state
+                .post_recv(peer, buf)
+                .map_err(|e| setup_err(&format!("post a receive: {e}")))?;
+        }
+    }
+    // Every rank's receives are posted before anyone sends.
+    boot.barrier(TAG_READY)?;
+    let mut key = [0u8; 8];
+    rand::rngs::OsRng
+        .try_fill_bytes(&mut key)
+        .map_err(|e| Error::system("ofi: OS random number generator", e))?;
+    tracing::info!(
+        "rank {rank}: ofi: libfabric {version}, provider {} ({} progress, {} keys, registered \
+         memory addressed by {})",
+        caps.provider,
+        if caps.manual { "manual" } else { "auto" },
+        if caps.prov_key {
+            "provider"
+        } else {
+            "application"
+        },
+        if caps.virt_addr { "address" } else { "offset" },
+    );
+    let dev = Arc::new(OfiDevice {
+        rank,
+        depth: cfg.fifo_depth,
+        state: Mutex::new(state),
+        descs,
+        wait_fd,
+        virt_addr: caps.virt_addr,
+        bell: Doorbell::new(),
+        window: HostBuffer::zeroed(cfg.window),
+        failed: AtomicBool::new(false),
+        ops: Mutex::new(VecDeque::with_capacity(OP_HISTORY)),
+        op_formatter: OnceLock::new(),
+        timeout: boot.timeout(),
+        next_key: Mutex::new(u64::from_le_bytes(key) >> 2),
+    });
+    let weak = Arc::downgrade(&dev);
+    std::thread::Builder::new()
+        .name("ampccl-ofi-progress".into())
+        .spawn(move || progress_thread(weak))
+        .map_err(|e| Error::system("ofi: spawn the progress thread", e))?;
+    Ok(dev)
+}
+
+/// Opens the endpoint rank 0 chooses: `named`, else the first suitable provider other than
+/// `shm` unless every rank is on this host.
+fn open_default(
+    lib: std::result::Result<&'static Lib, String>,
+    named: Option<&str>,
+    one_host: bool,
+) -> std::result::Result<Endpoint, String> {
+    let lib = lib?;
+    if named.is_some() {
+        return Endpoint::open(lib, named);
+    }
+    let first = Endpoint::open(lib, None)?;
+    if first.caps.provider != "shm" || one_host {
+        return Ok(first);
+    }
+    drop(first);
+    Endpoint::open(lib, Some("tcp;ofi_rxm"))
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// Blocks until the completion queue's descriptor is readable or `ms` pass (without one, a
+/// sleep of at most a millisecond: the provider then only moves when polled).
+fn block(fd: Option<i32>, ms: i32) {
+    match fd {
+        Some(fd) => {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one valid pollfd; a descriptor closed meanwhile only makes poll return.
+            unsafe { libc::poll(&mut p, 1, ms) };
+        }
+        None => std::thread::sleep(Duration::from_millis(ms.clamp(0, 1) as u64)),
+    }
+}
+
+/// Drives the endpoint while nobody else does: reads completions (so that peers' writes land
+/// and the engine's waiters wake: it rings the doorbell when something arrived), sends the
+/// liveness messages, and otherwise blocks on the completion queue's descriptor.
+fn progress_thread(dev: Weak<OfiDevice>) {
+    let mut last_ping = Instant::now();
+    loop {
+        let Some(d) = dev.upgrade() else { return };
+        let (any, may_block) = {
+            let mut s = d.lock();
+            let any = s.progress();
+            if last_ping.elapsed() >= PING_EVERY {
+                last_ping = Instant::now();
+                for peer in (0..s.peers.len()).filter(|&p| p != d.rank) {
+                    if s.peer(peer).dead.is_none()
+                        && let Err(why) = s.send(peer, &Header::new(Kind::Ping, 0, 0, 0, 0), &[])
+                    {
+                        s.peer(peer).kill(format!("is unreachable: {why}"));
+                    }
+                }
+            }
+            (any, !any && s.ep.trywait())
+        };
+        if any {
+            d.bell.ring();
+        }
+        let fd = d.wait_fd;
+        drop(d);
+        if may_block {
+            block(fd, IDLE_WAIT_MS);
+        }
+    }
+}
+
+impl OfiDevice {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The state after reading the completions ready.
+    fn polled(&self) -> MutexGuard<'_, State> {
+        let mut s = self.lock();
+        s.progress();
+        s
+    }
+
+    /// An error naming `peer` for a failed post.
+    fn post_err(&self, peer: usize, what: &str, why: String) -> Error {
+        Error::Remote(format!("ofi: {what} to {}: {why}", self.descs[peer]))
+    }
+
+    /// Drives the endpoint until `done` says so, blocking on the completion queue between
+    /// tries; fails when `peer` dies or the wait exceeds the timeout.
+    fn wait(
+        &self,
+        peer: usize,
+        what: &str,
+        mut done: impl FnMut(&mut State) -> bool,
+    ) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let may_block = {
+                let mut s = self.lock();
+                let any = s.progress();
+                if done(&mut s) {
+                    return Ok(());
+                }
+                if let Some(why) = &s.peer(peer).dead {
+                    return Err(Error::Remote(format!("{} {why}", self.descs[peer])));
+                }
+                !any && s.ep.trywait()
+            };
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout(format!(
+                    "{what} with {} took longer than {:.1} s",
+                    self.descs[peer],
+                    self.timeout.as_secs_f64()
+                )));
+            }
+            if may_block {
+                block(self.wait_fd, 1);
+            }
+        }
+    }
+
+    /// Sends a control message to `peer`.
+    fn send(&self, peer: usize, h: &Header, payload: &[u8]) -> Result<()> {
+        self.lock()
+            .send(peer, h, payload)
+            .map_err(|why| self.post_err(peer, "a message", why))
+    }
+
+    /// The remote address of `addr` in the region of `peer`'s entry `slot`: checked against
+    /// the entry, as the provider addresses registered memory.
+    fn remote(
+        &self,
+        s: &mut State,
+        peer: usize,
+        slot: u32,
+        addr: u64,
+        len: usize,
+    ) -> Result<(u64, u64)> {
+        let desc = &self.descs[peer];
+        let Some(&(entry, rkey)) = s.peer(peer).cts.get(slot as usize) else {
+            return Err(Error::Remote(format!(
+                "{desc}: its clear-to-send names the key {slot} (slots: {})",
+                self.depth
+            )));
+        };
+        let off = addr.wrapping_sub(entry.addr);
+        if off > entry.size || len as u64 > entry.size - off {
+            return Err(Error::Internal(format!(
+                "ofi: {len} bytes at offset {off} of {desc}'s region of {} bytes",
+                entry.size
+            )));
+        }
+        Ok((if self.virt_addr { addr } else { off }, rkey))
+    }
+}
+
+impl RmaDevice for OfiDevice {
+    fn fifo_depth(&self) -> usize {
+        self.depth
+    }
+
+    fn channels(&self) -> usize {
+        1
+    }
+
+    fn expose(&self, ptr: *mut u8, _len: usize) -> Option<(u32, u64)> {
+        // The key is set per clear-to-send (its slot, see `post_cts`).
+        Some((0, ptr as u64))
+    }
+
+    fn exposes_user_memory(&self) -> bool {
+        true
+    }
+
+    fn post_cts(&self, peer: usize, slot: usize, entry: &CtsEntry) -> Result<()> {
+        let read = entry.nreqs & CTS_READ != 0;
+        let mut s = self.lock();
+        // An eager-sized write entry only tells a rendezvous sender of a length mismatch: no
+        // data is written into it, so it opens no region (nor does an empty one).
+        let rkey = if entry.size > 0 && (read || entry.size as usize > EAGER_MAX) {
+            let access = if read {
+                sys::FI_REMOTE_READ
+            } else {
+                sys::FI_REMOTE_WRITE
+            };
+            let key = {
+                let mut k = self.next_key.lock().unwrap_or_else(|e| e.into_inner());
+                *k = k.wrapping_add(1);
+                *k
+            };
+            let mr =
+                s.ep.register(entry.addr as *const u8, entry.size as usize, access, key)
+                    .map_err(|why| self.post_err(peer, "a clear-to-send", why))?;
+            let rkey = mr.key;
+            s.peer(peer).regions[slot] = Some(mr);
+            rkey
+        } else {
+            0
+        };
+        let h = Header::new(Kind::Cts, slot, 0, 0, rkey);
+        let e = CtsEntry {
+            key: slot as u32,
+            ..*entry
+        };
+        // A peer that is gone by now needs no clear-to-send: the wait for its message names
+        // the lost peer (`peer_health`).
+        let _ = s.send(peer, &h, &wire::encode_cts(&e));
+        Ok(())
+    }
+
+    fn poll_cts(&self, peer: usize, slot: usize, idx: u32) -> Option<CtsEntry> {
+        let (e, _) = self.polled().peer(peer).cts[slot];
+        (e.idx == idx).then_some(e)
+    }
+
+    unsafe fn write(
+        &self,
+        peer: usize,
+        src: *const u8,
+        len: usize,
+        key: u32,
+        addr: u64,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let mut s = self.lock();
+        let (raddr, rkey) = self.remote(&mut s, peer, key, addr, len)?;
+        let data = wire::write_data(self.rank, key as usize);
+        // SAFETY: `src` is valid for `len` reads by contract, and stays so until `write_imm`
+        // (which the protocol calls before it lets the buffer go) waits for the write.
+        unsafe { s.write(peer, (src, len), (raddr, rkey, data)) }
+            .map_err(|why| self.post_err(peer, "a write", why))?;
+        s.peer(peer).writes[key as usize] += 1;
+        Ok(())
+    }
+
+    unsafe fn read(
+        &self,
+        peer: usize,
+        dst: *mut u8,
+        len: usize,
+        key: u32,
+        addr: u64,
+        _to: CopyTo,
+    ) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        let id = {
+            let mut s = self.lock();
+            let (raddr, rkey) = self.remote(&mut s, peer, key, addr, len)?;
+            // SAFETY: `dst` is valid for `len` writes by contract; we wait for the read below.
+            unsafe { s.read(peer, (dst, len), (raddr, rkey)) }
+                .map_err(|why| self.post_err(peer, "a read", why))?
+        };
+        self.wait(peer, "a read", |s| s.take_read(id))
+    }
+
+    fn write_imm(&self, peer: usize, slot: usize, imm: u32, len: u64) -> Result<()> {
+        // The writes must have left our buffer before the send counts as complete.
+        self.wait(peer, "a write", |s| s.peer(peer).in_flight == 0)?;
+        let mut s = self.lock();
+        let writes = std::mem::take(&mut s.peer(peer).writes[slot]);
+        let h = Header::new(Kind::Imm, slot, imm, writes, len);
+        s.send(peer, &h, &[])
+            .map_err(|why| self.post_err(peer, "an immediate", why))
+    }
+
+    fn poll_imm(&self, peer: usize, slot: usize, want: u32) -> Option<(u32, u64)> {
+        let mut s = self.polled();
+        let i = &s.peer(peer).imm[slot];
+        (i.imm & !IMM_ERROR == want).then_some((i.imm, i.len))
+    }
+
+    fn eager_max(&self) -> usize {
+        EAGER_MAX
+    }
+
+    unsafe fn eager_write(
+        &self,
+        peer: usize,
+        slot: usize,
+        idx: u32,
+        tag: u32,
+        src: *const u8,
+        len: usize,
+    ) -> Result<()> {
+        if len > EAGER_MAX {
+            return Err(Error::Internal(format!(
+                "eager message of {len} bytes (at most {EAGER_MAX})"
+            )));
+        }
+        let payload = if len == 0 {
+            &[][..]
+        } else {
+            // SAFETY: `src` is valid for `len` reads by contract.
+            unsafe { std::slice::from_raw_parts(src, len) }
+        };
+        let h = Header::new(Kind::Eager, slot, idx, tag, len as u64);
+        self.send(peer, &h, payload)
+    }
+
+    fn eager_peek(&self, peer: usize, slot: usize, idx: u32) -> Option<EagerHeader> {
+        let mut s = self.polled();
+        let e = &s.peer(peer).eager[slot];
+        (e.full && e.idx == idx).then_some(EagerHeader {
+            tag: e.tag,
+            len: e.len,
+        })
+    }
+
+    unsafe fn eager_read(&self, peer: usize, slot: usize, dst: *mut u8, len: usize) {
+        if len == 0 {
+            return;
+        }
+        let mut s = self.lock();
+        let e = &s.peer(peer).eager[slot];
+        // SAFETY: `dst` is valid for `len` writes and the slot holds at least `len` bytes (the
+        // caller's contract, checked by `eager_peek`).
+        unsafe { std::ptr::copy_nonoverlapping(e.data.as_ptr(), dst, len.min(e.len)) };
+    }
+
+    fn post_credit(&self, peer: usize, slot: usize, seq: u32) -> Result<()> {
+        let mut s = self.lock();
+        s.peer(peer).eager[slot].full = false;
+        let h = Header::new(Kind::Credit, slot, seq.wrapping_add(1), 0, 0);
+        // The receive is complete: a peer that is gone by now needs no credit.
+        let _ = s.send(peer, &h, &[]);
+        Ok(())
+    }
+
+    fn credit(&self, peer: usize, slot: usize) -> u32 {
+        self.polled().peer(peer).credits[slot]
+    }
+
+    fn post_ack(&self, peer: usize) -> Result<()> {
+        // As for credits: a peer that is gone waits for no ack.
+        let _ = self.send(peer, &Header::new(Kind::Ack, 0, 0, 0, 0), &[]);
+        Ok(())
+    }
+
+    fn acks(&self, peer: usize) -> u32 {
+        self.polled().peer(peer).acks
+    }
+
+    fn peer_health(&self, peer: usize) -> Result<()> {
+        self.check_peers_failed()?;
+        let mut s = self.lock();
+        match &s.peer(peer).dead {
+            Some(why) => Err(Error::Remote(format!("{} {why}", self.descs[peer]))),
+            None => Ok(()),
+        }
+    }
+
+    fn peer_desc(&self, peer: usize) -> String {
+        self.descs[peer].clone()
+    }
+
+    fn op_history(&self, peer: Option<usize>) -> Vec<OpRecord> {
+        match peer {
+            None => lock(&self.ops).iter().rev().copied().collect(),
+            // Peers' records stay on their hosts.
+            Some(_) => Vec::new(),
+        }
+    }
+
+    fn peer_op(&self, _peer: usize, _tag: u32) -> Option<String> {
+        None
+    }
+
+    fn local_op(&self, tag: u32) -> Option<String> {
+        let ops = self.op_history(None);
+        let record = ops.iter().find(|r| r[0] as u32 == tag).or(ops.first())?;
+        self.op_formatter.get().and_then(|f| f(record))
+    }
+}
+
+impl Drop for OfiDevice {
+    /// Lets what we sent last (a credit, a failure note) leave before the endpoint closes:
+    /// with manual progress nothing moves unless we drive it.
+    fn drop(&mut self) {
+        let deadline = Instant::now() + FLUSH_WAIT;
+        while Instant::now() < deadline {
+            let mut s = self.lock();
+            s.progress();
+            if !s.sending() {
+                break;
+            }
+            drop(s);
+            block(self.wait_fd, 1);
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Transport for OfiDevice {
+    fn name(&self) -> &'static str {
+        "ofi"
+    }
+    fn doorbell(&self) -> Doorbell {
+        self.bell.clone()
+    }
+    fn window(&self) -> (*mut u8, usize) {
+        (self.window.as_ptr(), self.window.len())
+    }
+    fn user_mem_links(&self) -> bool {
+        true
+    }
+    fn is_shared_user_memory(&self, _ptr: *const u8, _len: usize) -> bool {
+        false
+    }
+    fn set_op(&self, record: &OpRecord) {
+        let mut ops = lock(&self.ops);
+        if ops.len() == OP_HISTORY {
+            ops.pop_front();
+        }
+        ops.push_back(*record);
+    }
+    fn set_op_formatter(&self, f: OpFormatter) {
+        let _ = self.op_formatter.set(f);
+    }
+    fn mark_failed(&self, msg: &str) {
+        if self.failed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let text = &msg.as_bytes()[..msg.len().min(wire::MAX_TEXT)];
+        let mut s = self.lock();
+        for peer in (0..s.peers.len()).filter(|&p| p != self.rank) {
+            // Best effort: a peer that is gone has nobody waiting for this.
+            let _ = s.send(peer, &Header::new(Kind::Fail, 0, 0, 0, 0), text);
+        }
+    }
+    fn check_peers_failed(&self) -> Result<()> {
+        let s = self.lock();
+        for p in s.peers.iter().flatten() {
+            if let Some(m) = &p.failed {
+                return Err(Error::Remote(format!("{} failed: {m}", p.desc)));
+            }
+        }
+        Ok(())
+    }
+}

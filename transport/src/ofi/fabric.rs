@@ -1,0 +1,458 @@
+//! One opened libfabric endpoint and what hangs off it: the provider's description, fabric,
+//! domain, address vector, completion queue (with a file-descriptor wait object where the
+//! provider offers one) and the reliable-datagram endpoint, plus memory registrations. Every
+//! call into the data path goes through the function tables of these objects, as the inline
+//! functions of libfabric's headers do ([`super::sys`]).
+//!
+//! An [`Endpoint`] is not synchronized: the device calls it under one lock (the domain is
+//! opened with `FI_THREAD_DOMAIN`).
+
+use std::ffi::{CString, c_int, c_void};
+use std::os::fd::RawFd;
+use std::ptr::{null, null_mut};
+
+use super::sys::{self, Fid, Lib};
+
+/// What the provider offers, as the device needs it.
+#[derive(Clone, Debug)]
+pub struct Caps {
+    /// libfabric's provider name (`tcp;ofi_rxm`, `shm`, ...).
+    pub provider: String,
+    /// Registered memory is addressed by virtual address (else by offset).
+    pub virt_addr: bool,
+    /// The provider picks memory keys (else the application does).
+    pub prov_key: bool,
+    /// Data progress is manual (only our calls move data).
+    pub manual: bool,
+}
+
+/// An opened endpoint.
+pub struct Endpoint {
+    lib: &'static Lib,
+    info: *mut sys::Info,
+    fabric: *mut sys::FidFabric,
+    domain: *mut sys::FidDomain,
+    av: *mut sys::FidAv,
+    cq: *mut sys::FidCq,
+    ep: *mut sys::FidEp,
+    wait_fd: Option<RawFd>,
+    pub caps: Caps,
+}
+
+// SAFETY: the handles are plain pointers into libfabric; the device serializes every call on
+// one endpoint under a lock, as FI_THREAD_DOMAIN asks.
+unsafe impl Send for Endpoint {}
+
+/// A memory registration, closed on drop.
+pub struct Mr {
+    mr: *mut sys::FidMr,
+    /// The key a peer names the memory by.
+    pub key: u64,
+}
+
+// SAFETY: a registration handle; closed once, on drop, under the endpoint's lock (it lives in
+// the device's locked state).
+unsafe impl Send for Mr {}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: `mr` is a live registration this value owns; closed once.
+        unsafe { close(self.mr.cast()) };
+    }
+}
+
+/// Closes a libfabric object through its table.
+///
+/// # Safety
+/// `fid` must be NULL or a live object, not used afterwards.
+unsafe fn close(fid: *mut Fid) {
+    if !fid.is_null() {
+        // SAFETY: a live object's `ops` table holds `close`.
+        unsafe { ((*(*fid).ops).close)(fid) };
+    }
+}
+
+/// The provider descriptions of `fi_getinfo` for reliable-datagram endpoints with messages,
+/// RMA and directed receives (and `provider`'s only, if given): the first one that carries at
+/// least 4 bytes of remote completion data.
+fn getinfo(lib: &Lib, provider: Option<&str>) -> Result<*mut sys::Info, String> {
+    // SAFETY: fi_dupinfo(NULL) allocates zeroed hints with all attribute structs (what
+    // fi_allocinfo does); every field set below exists in the 1.x layout.
+    let hints = unsafe { (lib.dupinfo)(null()) };
+    if hints.is_null() {
+        return Err("fi_allocinfo failed".into());
+    }
+    // SAFETY: `hints` and its attribute structs were allocated by libfabric above; the name
+    // is malloc'ed so that fi_freeinfo may free it.
+    unsafe {
+        let h = &mut *hints;
+        h.caps = sys::FI_MSG | sys::FI_RMA | sys::FI_DIRECTED_RECV;
+        h.mode = sys::FI_CONTEXT | sys::FI_CONTEXT2;
+        (*h.ep_attr).ep_type = sys::FI_EP_RDM;
+        let d = &mut *h.domain_attr;
+        d.mr_mode = sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY;
+        d.threading = sys::FI_THREAD_DOMAIN;
+        d.av_type = sys::FI_AV_TABLE;
+        if let Some(p) = provider {
+            let name = CString::new(p).map_err(|_| format!("provider name {p:?}"))?;
+            (*h.fabric_attr).prov_name = libc::strdup(name.as_ptr());
+        }
+    }
+    let mut list = null_mut();
+    // SAFETY: valid hints, an out pointer; the list is freed below or by the caller.
+    let rc = unsafe { (lib.getinfo)(sys::API_VERSION, null(), null(), 0, hints, &mut list) };
+    // SAFETY: allocated by libfabric above, not used again.
+    unsafe { (lib.freeinfo)(hints) };
+    if rc != 0 {
+        return Err(format!(
+            "no provider with reliable datagrams and RMA{}: {}",
+            provider.map(|p| format!(" named {p}")).unwrap_or_default(),
+            lib.strerror(rc.into())
+        ));
+    }
+    let mut cur = list;
+    let mut found = null_mut();
+    while !cur.is_null() {
+        // SAFETY: a node of the list fi_getinfo returned.
+        let d = unsafe { &*(*cur).domain_attr };
+        if d.cq_data_size >= 4 {
+            // SAFETY: as above; the copy is freed by the endpoint.
+            found = unsafe { (lib.dupinfo)(cur) };
+            break;
+        }
+        // SAFETY: as above.
+        cur = unsafe { (*cur).next };
+    }
+    // SAFETY: the list fi_getinfo returned, not used again.
+    unsafe { (lib.freeinfo)(list) };
+    if found.is_null() {
+        return Err("no provider carries 4 bytes of remote completion data".into());
+    }
+    Ok(found)
+}
+
+/// Fails with libfabric's message for a negative return code.
+fn check(lib: &Lib, what: &str, rc: c_int) -> Result<(), String> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(format!("{what}: {}", lib.strerror(rc.into())))
+    }
+}
+
+impl Endpoint {
+    /// Opens an endpoint of `provider` (else of the first suitable one).
+    pub fn open(lib: &'static Lib, provider: Option<&str>) -> Result<Endpoint, String> {
+        sys::keeping_signal_handlers(|| Endpoint::open_inner(lib, provider))
+    }
+
+    fn open_inner(lib: &'static Lib, provider: Option<&str>) -> Result<Endpoint, String> {
+        let info = getinfo(lib, provider)?;
+        let mut e = Endpoint {
+            lib,
+            info,
+            fabric: null_mut(),
+            domain: null_mut(),
+            av: null_mut(),
+            cq: null_mut(),
+            ep: null_mut(),
+            wait_fd: None,
+            // SAFETY: `info` is a valid description (getinfo).
+            caps: unsafe {
+                let d = &*(*info).domain_attr;
+                Caps {
+                    provider: sys::text((*(*info).fabric_attr).prov_name),
+                    virt_addr: d.mr_mode & sys::FI_MR_VIRT_ADDR != 0,
+                    prov_key: d.mr_mode & sys::FI_MR_PROV_KEY != 0,
+                    manual: d.data_progress == sys::FI_PROGRESS_MANUAL,
+                }
+            },
+        };
+        // Each step stores its object in `e` at once, so that an error drops what exists.
+        // SAFETY: the calls follow libfabric's opening order with the objects opened before;
+        // out pointers are fields of `e`.
+        unsafe {
+            check(
+                lib,
+                "fi_fabric",
+                (lib.fabric)((*info).fabric_attr, &mut e.fabric, null_mut()),
+            )?;
+            let f = &*e.fabric;
+            check(
+                lib,
+                "fi_domain",
+                ((*f.ops).domain)(e.fabric, info, &mut e.domain, null_mut()),
+            )?;
+            let dom = &*e.domain;
+            let mut av_attr = sys::AvAttr {
+                av_type: sys::FI_AV_TABLE,
+                rx_ctx_bits: 0,
+                count: 0,
+                ep_per_node: 0,
+                name: null(),
+                map_addr: null_mut(),
+                flags: 0,
+            };
+            check(
+                lib,
+                "fi_av_open",
+                ((*dom.ops).av_open)(e.domain, &mut av_attr, &mut e.av, null_mut()),
+            )?;
+            let mut cq_attr = sys::CqAttr {
+                size: 0,
+                flags: 0,
+                format: sys::FI_CQ_FORMAT_DATA,
+                wait_obj: sys::FI_WAIT_FD,
+                signaling_vector: 0,
+                wait_cond: 0,
+                wait_set: null_mut(),
+            };
+            if ((*dom.ops).cq_open)(e.domain, &mut cq_attr, &mut e.cq, null_mut()) == 0 {
+                let mut fd: c_int = -1;
+                let cq = &mut (*e.cq).fid;
+                if ((*cq.ops).control)(cq, sys::FI_GETWAIT, (&mut fd as *mut c_int).cast()) == 0
+                    && fd >= 0
+                {
+                    e.wait_fd = Some(fd);
+                }
+            } else {
+                // No file descriptor to block on: the device polls with short sleeps.
+                e.cq = null_mut();
+                cq_attr.wait_obj = 0;
+                check(
+                    lib,
+                    "fi_cq_open",
+                    ((*dom.ops).cq_open)(e.domain, &mut cq_attr, &mut e.cq, null_mut()),
+                )?;
+            }
+            check(
+                lib,
+                "fi_endpoint",
+                ((*dom.ops).endpoint)(e.domain, info, &mut e.ep, null_mut()),
+            )?;
+            let ep = &mut (*e.ep).fid;
+            check(lib, "fi_ep_bind(av)", ((*ep.ops).bind)(ep, e.av.cast(), 0))?;
+            check(
+                lib,
+                "fi_ep_bind(cq)",
+                ((*ep.ops).bind)(ep, e.cq.cast(), sys::FI_TRANSMIT | sys::FI_RECV),
+            )?;
+            check(
+                lib,
+                "fi_enable",
+                ((*ep.ops).control)(ep, sys::FI_ENABLE, null_mut()),
+            )?;
+        }
+        Ok(e)
+    }
+
+    /// The library's message for error `rc`.
+    pub fn strerror(&self, rc: i64) -> String {
+        self.lib.strerror(rc)
+    }
+
+    /// The library's version.
+    pub fn version(&self) -> String {
+        self.lib.version()
+    }
+
+    /// The file descriptor that becomes readable when the completion queue may have work.
+    pub fn wait_fd(&self) -> Option<RawFd> {
+        self.wait_fd
+    }
+
+    /// This endpoint's address, for peers' address vectors.
+    pub fn name(&self) -> Result<Vec<u8>, String> {
+        let mut buf = vec![0u8; 256];
+        let mut len = buf.len();
+        // SAFETY: an enabled endpoint's `cm` table holds `getname`; `buf` holds `len` bytes.
+        let rc = unsafe {
+            ((*(*self.ep).cm).getname)(&mut (*self.ep).fid, buf.as_mut_ptr().cast(), &mut len)
+        };
+        check(self.lib, "fi_getname", rc)?;
+        buf.truncate(len);
+        Ok(buf)
+    }
+
+    /// Inserts one peer's address; its handle for sends and writes.
+    pub fn insert(&self, addr: &[u8]) -> Result<sys::FiAddr, String> {
+        let mut out: sys::FiAddr = sys::FI_ADDR_UNSPEC;
+        // SAFETY: a live address vector; `addr` is one address in the provider's format (the
+        // peer's `name`), `out` receives one handle.
+        let n = unsafe {
+            ((*(*self.av).ops).insert)(self.av, addr.as_ptr().cast(), 1, &mut out, 0, null_mut())
+        };
+        if n != 1 {
+            return Err(format!("fi_av_insert: {}", self.lib.strerror(n.into())));
+        }
+        Ok(out)
+    }
+
+    /// Registers `[ptr, ptr + len)` for peers' `access` (`FI_REMOTE_WRITE`/`FI_REMOTE_READ`)
+    /// under `key` (ignored where the provider picks keys).
+    pub fn register(
+        &self,
+        ptr: *const u8,
+        len: usize,
+        access: u64,
+        key: u64,
+    ) -> Result<Mr, String> {
+        let mut mr = null_mut();
+        // SAFETY: a live domain's `mr` table holds `reg`; the memory stays valid while the
+        // registration lives (the device closes it when the transfer completes).
+        let rc = unsafe {
+            ((*(*self.domain).mr).reg)(
+                &mut (*self.domain).fid,
+                ptr.cast(),
+                len,
+                access,
+                0,
+                key,
+                0,
+                &mut mr,
+                null_mut(),
+            )
+        };
+        check(self.lib, "fi_mr_reg", rc)?;
+        // SAFETY: a registration fi_mr_reg returned.
+        let key = unsafe { (*mr).key };
+        Ok(Mr { mr, key })
+    }
+
+    /// Posts a receive of up to `len` bytes into `buf` from `src` only.
+    ///
+    /// # Safety
+    /// `buf` must stay valid for `len` writes and `ctx` live and unmoved until the completion.
+    pub unsafe fn recv(
+        &self,
+        buf: *mut u8,
+        len: usize,
+        src: sys::FiAddr,
+        ctx: *mut c_void,
+    ) -> isize {
+        // SAFETY: a live endpoint's `msg` table; the rest by the caller's contract.
+        unsafe { ((*(*self.ep).msg).recv)(self.ep, buf.cast(), len, null_mut(), src, ctx) }
+    }
+
+    /// Sends `len` bytes at `buf` to `dest`.
+    ///
+    /// # Safety
+    /// `buf` must stay valid for `len` reads and `ctx` live and unmoved until the completion.
+    pub unsafe fn send(
+        &self,
+        buf: *const u8,
+        len: usize,
+        dest: sys::FiAddr,
+        ctx: *mut c_void,
+    ) -> isize {
+        // SAFETY: a live endpoint's `msg` table; the rest by the caller's contract.
+        unsafe { ((*(*self.ep).msg).send)(self.ep, buf.cast(), len, null_mut(), dest, ctx) }
+    }
+
+    /// Writes `len` bytes at `buf` to `dest`'s `(key, addr)`, with remote completion `data`.
+    ///
+    /// # Safety
+    /// As for [`Endpoint::send`].
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn writedata(
+        &self,
+        buf: *const u8,
+        len: usize,
+        data: u64,
+        dest: sys::FiAddr,
+        addr: u64,
+        key: u64,
+        ctx: *mut c_void,
+    ) -> isize {
+        // SAFETY: a live endpoint's `rma` table; the rest by the caller's contract.
+        unsafe {
+            ((*(*self.ep).rma).writedata)(
+                self.ep,
+                buf.cast(),
+                len,
+                null_mut(),
+                data,
+                dest,
+                addr,
+                key,
+                ctx,
+            )
+        }
+    }
+
+    /// Reads `len` bytes of `src`'s `(key, addr)` into `buf`.
+    ///
+    /// # Safety
+    /// `buf` must stay valid for `len` writes and `ctx` live and unmoved until the completion.
+    pub unsafe fn read(
+        &self,
+        buf: *mut u8,
+        len: usize,
+        src: sys::FiAddr,
+        addr: u64,
+        key: u64,
+        ctx: *mut c_void,
+    ) -> isize {
+        // SAFETY: a live endpoint's `rma` table; the rest by the caller's contract.
+        unsafe {
+            ((*(*self.ep).rma).read)(self.ep, buf.cast(), len, null_mut(), src, addr, key, ctx)
+        }
+    }
+
+    /// Reads completions into `out` (drives the provider's progress): how many, or the error
+    /// completion (the operation's context and its message) that stopped it.
+    pub fn poll(&self, out: &mut [sys::CqDataEntry]) -> Result<usize, (*mut c_void, String)> {
+        // SAFETY: a live CQ's `read` writes at most `out.len()` entries of the DATA format.
+        let n = unsafe { ((*(*self.cq).ops).read)(self.cq, out.as_mut_ptr().cast(), out.len()) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        if n == -sys::FI_EAGAIN {
+            return Ok(0);
+        }
+        if n != -sys::FI_EAVAIL {
+            return Err((
+                null_mut(),
+                format!("fi_cq_read: {}", self.lib.strerror(n as i64)),
+            ));
+        }
+        // SAFETY: a zeroed error entry (all-integer/pointer struct) with room to spare.
+        let mut err: sys::CqErrEntry = unsafe { std::mem::zeroed() };
+        // SAFETY: a live CQ's `readerr` fills one entry.
+        let got = unsafe { ((*(*self.cq).ops).readerr)(self.cq, &mut err, 0) };
+        if got < 1 {
+            return Err((null_mut(), "fi_cq_readerr found no error".into()));
+        }
+        Err((err.op_context, self.lib.strerror(err.err.into())))
+    }
+
+    /// Whether the caller may now block on [`Endpoint::wait_fd`] (`fi_trywait`: false when
+    /// completions are ready and must be read first); true without a wait object.
+    pub fn trywait(&self) -> bool {
+        if self.wait_fd.is_none() {
+            return true;
+        }
+        let mut fid: *mut Fid = self.cq.cast();
+        // SAFETY: a live fabric's `trywait` over our live CQ.
+        let rc = unsafe { ((*(*self.fabric).ops).trywait)(self.fabric, &mut fid, 1) };
+        if rc != 0 && rc as isize != -sys::FI_EAGAIN {
+            tracing::trace!("ofi: fi_trywait: {}", self.lib.strerror(rc.into()));
+        }
+        rc == 0
+    }
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        // SAFETY: each object is NULL or live and owned by `self`; closed once, endpoint first
+        // (it is bound to the CQ and AV), the description freed last.
+        unsafe {
+            close(self.ep.cast());
+            close(self.cq.cast());
+            close(self.av.cast());
+            close(self.domain.cast());
+            close(self.fabric.cast());
+            (self.lib.freeinfo)(self.info);
+        }
+    }
+}

@@ -1,0 +1,514 @@
+//! What the `ofi` provider keeps under its one lock: the endpoint, the operations posted to it
+//! (each owning its libfabric context and buffer until its completion), and per peer the
+//! state that completions deliver — the mirror of the shared-memory segment the protocol polls
+//! (clear-to-send FIFO, completion slots, eager slots, credits, acks) — plus what validates
+//! the peer's traffic: the registration each posted clear-to-send opened, which the transfer's
+//! immediate closes again.
+//!
+//! [`State::progress`] reads the completion queue, which also drives the provider's progress:
+//! with manual data progress, a peer's writes land in our memory only while we read our
+//! queue. A message is decoded and checked ([`super::wire`]) before it touches the state; a
+//! write completion must name a slot whose region is open. Anything else marks that peer dead
+//! with a message naming it, which every wait on the peer then reports.
+
+use std::collections::{HashMap, VecDeque};
+use std::ffi::c_void;
+use std::time::{Duration, Instant};
+
+use super::fabric::{Endpoint, Mr};
+use super::sys::{self, Context2, FiAddr};
+use super::wire::{self, Header, Kind};
+use crate::device::CtsEntry;
+
+/// Receives kept posted per peer (a message beyond them waits in the provider's unexpected
+/// queue, so the number only bounds the copies in flight).
+pub const RECVS: usize = 32;
+/// How long a peer may take no operation of ours (the provider says busy, as `tcp;ofi_rxm`
+/// does while it fails to reconnect to a peer that is gone) before it counts as unreachable.
+/// The progress thread's liveness messages make this the time to notice a dead peer.
+pub const STUCK: Duration = Duration::from_secs(1);
+
+/// A completion slot: the published immediate and length, and the transfer in progress (its
+/// immediate message, and the data writes counted so far).
+#[derive(Default)]
+pub struct ImmSlot {
+    pub imm: u32,
+    pub len: u64,
+    /// `(imm, writes, len)` of an immediate whose writes have not all landed yet.
+    waiting: Option<(u32, u32, u64)>,
+    landed: u32,
+}
+
+/// An eager slot: message `idx` with `tag` and `len` payload bytes while `full`.
+pub struct EagerSlot {
+    pub idx: u32,
+    pub tag: u32,
+    pub len: usize,
+    pub full: bool,
+    pub data: Box<[u8]>,
+}
+
+/// What we know of one peer.
+pub struct PeerState {
+    pub addr: FiAddr,
+    pub desc: String,
+    /// Clear-to-send entries the peer posted, with the key of the region each names.
+    pub cts: Vec<(CtsEntry, u64)>,
+    pub imm: Vec<ImmSlot>,
+    pub eager: Vec<EagerSlot>,
+    pub credits: Vec<u32>,
+    pub acks: u32,
+    /// Registrations of our clear-to-send regions, by slot.
+    pub regions: Vec<Option<Mr>>,
+    /// Our data writes per slot since its last immediate.
+    pub writes: Vec<u32>,
+    /// Our writes and reads to the peer not completed yet.
+    pub in_flight: usize,
+    /// The peer's failure message.
+    pub failed: Option<String>,
+    /// Why the peer is unreachable or was cut off.
+    pub dead: Option<String>,
+    /// Our operations to the peer waiting in the backlog, and since when none has moved.
+    backlogged: usize,
+    stuck_since: Option<Instant>,
+}
+
+impl PeerState {
+    pub fn new(addr: FiAddr, desc: String, depth: usize, eager_max: usize) -> PeerState {
+        PeerState {
+            addr,
+            desc,
+            cts: vec![(CtsEntry::default(), 0); depth],
+            imm: (0..depth).map(|_| ImmSlot::default()).collect(),
+            eager: (0..depth)
+                .map(|_| EagerSlot {
+                    idx: 0,
+                    tag: 0,
+                    len: 0,
+                    full: false,
+                    data: vec![0u8; eager_max].into_boxed_slice(),
+                })
+                .collect(),
+            credits: vec![0; depth],
+            acks: 0,
+            regions: (0..depth).map(|_| None).collect(),
+            writes: vec![0; depth],
+            in_flight: 0,
+            failed: None,
+            dead: None,
+            backlogged: 0,
+            stuck_since: None,
+        }
+    }
+
+    /// Marks the peer dead (the first reason sticks).
+    pub fn kill(&mut self, why: String) {
+        if self.dead.is_none() {
+            tracing::warn!("ofi: {}: {why}", self.desc);
+            self.dead = Some(why);
+        }
+    }
+
+    /// Publishes slot `slot`'s immediate once all its writes have landed, and closes the
+    /// region the transfer wrote.
+    fn complete(&mut self, slot: usize) {
+        let s = &mut self.imm[slot];
+        if let Some((imm, writes, len)) = s.waiting
+            && s.landed >= writes
+        {
+            s.landed -= writes;
+            s.waiting = None;
+            (s.imm, s.len) = (imm, len);
+            self.regions[slot] = None;
+        }
+    }
+}
+
+/// What a posted operation is: what it needs to be posted (again, after the provider said
+/// it was busy) and, at its completion, what to do.
+enum What {
+    /// A receive from `peer` into `buf`.
+    Recv { peer: usize, buf: Box<[u8]> },
+    /// A message to `peer`; the buffer lives until sent.
+    Send { peer: usize, buf: Vec<u8> },
+    /// A data write of `[src, src+len)` to `peer`'s `(key, addr)` with completion `data`.
+    Write {
+        peer: usize,
+        src: *const u8,
+        len: usize,
+        rma: (u64, u64, u64),
+    },
+    /// A read of `peer`'s `(key, addr)` into `[dst, dst+len)`.
+    Read {
+        peer: usize,
+        dst: *mut u8,
+        len: usize,
+        rma: (u64, u64),
+    },
+}
+
+impl What {
+    fn peer(&self) -> usize {
+        match *self {
+            What::Recv { peer, .. }
+            | What::Send { peer, .. }
+            | What::Write { peer, .. }
+            | What::Read { peer, .. } => peer,
+        }
+    }
+
+    /// Posts the operation to `to` with context `ctx` (libfabric's return code).
+    ///
+    /// # Safety
+    /// The buffers must stay valid and `ctx` live and unmoved until the completion: the op
+    /// table owns the buffers and the context; the callers of [`State::write`] and
+    /// [`State::read`] keep theirs valid.
+    unsafe fn post(&self, ep: &Endpoint, to: FiAddr, ctx: *mut c_void) -> isize {
+        // SAFETY: as the function's contract says.
+        unsafe {
+            match self {
+                What::Recv { buf, .. } => ep.recv(buf.as_ptr().cast_mut(), buf.len(), to, ctx),
+                What::Send { buf, .. } => ep.send(buf.as_ptr(), buf.len(), to, ctx),
+                &What::Write {
+                    src,
+                    len,
+                    rma: (addr, key, data),
+                    ..
+                } => ep.writedata(src, len, data, to, addr, key, ctx),
+                &What::Read {
+                    dst,
+                    len,
+                    rma: (addr, key),
+                    ..
+                } => ep.read(dst, len, to, addr, key, ctx),
+            }
+        }
+    }
+}
+
+/// A posted operation: its context (whose address identifies it) and what it is.
+struct Op {
+    ctx: Box<Context2>,
+    what: What,
+}
+
+/// Everything behind the device's lock. Fields drop in order: registrations (in `peers`)
+/// before the endpoint.
+pub struct State {
+    pub peers: Vec<Option<PeerState>>,
+    ops: HashMap<usize, Op>,
+    /// Operations the provider was too busy to take, in posting order, by context address.
+    backlog: VecDeque<(usize, Op)>,
+    /// Reads completed, by context address, until their waiter takes them.
+    reads_done: Vec<usize>,
+    pub depth: usize,
+    pub eager_max: usize,
+    pub ep: Endpoint,
+}
+
+// SAFETY: the raw buffer pointers of queued writes and reads are only used to post them, under
+// the device's lock; their owners keep them valid until the operations complete.
+unsafe impl Send for State {}
+
+impl State {
+    pub fn new(
+        ep: Endpoint,
+        peers: Vec<Option<PeerState>>,
+        depth: usize,
+        eager_max: usize,
+    ) -> State {
+        State {
+            peers,
+            ops: HashMap::new(),
+            backlog: VecDeque::new(),
+            reads_done: Vec::new(),
+            depth,
+            eager_max,
+            ep,
+        }
+    }
+
+    pub fn peer(&mut self, peer: usize) -> &mut PeerState {
+        self.peers[peer]
+            .as_mut()
+            .expect("a link connects two distinct ranks")
+    }
+
+    /// Posts `what` with a fresh context (the context's address identifies it); when the
+    /// provider is busy, or earlier operations to the same peer wait, it waits in the backlog
+    /// that [`State::progress`] retries.
+    fn post(&mut self, what: What) -> Result<usize, String> {
+        let peer = what.peer();
+        let mut op = Op {
+            ctx: Box::default(),
+            what,
+        };
+        let key = &mut *op.ctx as *mut Context2 as usize;
+        let p = self.peer(peer);
+        if let (Some(why), false) = (&p.dead, matches!(op.what, What::Recv { .. })) {
+            return Err(format!("the peer {why}"));
+        }
+        if p.backlogged == 0 {
+            let to = p.addr;
+            // SAFETY: the op table or the backlog owns the buffer and context from here on.
+            let rc = unsafe { op.what.post(&self.ep, to, key as *mut c_void) };
+            if rc == 0 {
+                self.ops.insert(key, op);
+                return Ok(key);
+            }
+            if rc != -sys::FI_EAGAIN {
+                return Err(self.ep.strerror(rc as i64));
+            }
+            self.peer(peer).stuck_since = Some(Instant::now());
+        }
+        self.peer(peer).backlogged += 1;
+        self.backlog.push_back((key, op));
+        Ok(key)
+    }
+
+    /// Posts what waits in the backlog, in order per peer; a peer whose operations have not
+    /// moved for [`STUCK`] is unreachable.
+    fn retry_backlog(&mut self) {
+        let mut blocked = Vec::new();
+        for _ in 0..self.backlog.len() {
+            let (key, op) = self.backlog.pop_front().expect("counted");
+            let peer = op.what.peer();
+            let to = self.peer(peer).addr;
+            let rc = if self.peer(peer).dead.is_some() {
+                -(libc::ECONNRESET as isize)
+            } else if blocked.contains(&peer) {
+                -sys::FI_EAGAIN
+            } else {
+                // SAFETY: as in `post`.
+                unsafe { op.what.post(&self.ep, to, key as *mut c_void) }
+            };
+            if rc == -sys::FI_EAGAIN {
+                blocked.push(peer);
+                self.backlog.push_back((key, op));
+                continue;
+            }
+            let p = self.peer(peer);
+            p.backlogged -= 1;
+            p.stuck_since = (p.backlogged > 0).then(Instant::now);
+            if rc == 0 {
+                self.ops.insert(key, op);
+            } else {
+                let why = self.ep.strerror(rc as i64);
+                self.ops.insert(key, op);
+                self.failed(key, why);
+            }
+        }
+        for p in self.peers.iter_mut().flatten() {
+            if p.stuck_since.is_some_and(|t| t.elapsed() >= STUCK) {
+                p.kill(format!(
+                    "is unreachable: nothing could be sent to it for {:.1} s",
+                    STUCK.as_secs_f64()
+                ));
+            }
+        }
+    }
+
+    /// Posts one receive from `peer` into `buf`.
+    pub fn post_recv(&mut self, peer: usize, buf: Box<[u8]>) -> Result<(), String> {
+        self.post(What::Recv { peer, buf }).map(drop)
+    }
+
+    /// Sends `h` with `payload` to `peer`.
+    pub fn send(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
+        let buf = h.encode(payload);
+        self.post(What::Send { peer, buf }).map(drop)
+    }
+
+    /// Writes `[src, src+len)` to `peer`'s `(key, addr)` with completion data `data`.
+    ///
+    /// # Safety
+    /// `src` must stay valid for `len` reads until the peer's `in_flight` drops back.
+    pub unsafe fn write(
+        &mut self,
+        peer: usize,
+        (src, len): (*const u8, usize),
+        rma: (u64, u64, u64),
+    ) -> Result<(), String> {
+        self.post(What::Write {
+            peer,
+            src,
+            len,
+            rma,
+        })?;
+        self.peer(peer).in_flight += 1;
+        Ok(())
+    }
+
+    /// Reads `peer`'s `(key, addr)` into `[dst, dst+len)`; the operation's id for
+    /// [`State::take_read`].
+    ///
+    /// # Safety
+    /// `dst` must stay valid for `len` writes until the read completes or the peer dies.
+    pub unsafe fn read(
+        &mut self,
+        peer: usize,
+        (dst, len): (*mut u8, usize),
+        rma: (u64, u64),
+    ) -> Result<usize, String> {
+        let id = self.post(What::Read {
+            peer,
+            dst,
+            len,
+            rma,
+        })?;
+        self.peer(peer).in_flight += 1;
+        Ok(id)
+    }
+
+    /// Whether messages, writes or reads of ours have not completed yet (receives aside).
+    pub fn sending(&self) -> bool {
+        !self.backlog.is_empty()
+            || self
+                .ops
+                .values()
+                .any(|op| !matches!(op.what, What::Recv { .. }))
+    }
+
+    /// Whether read `id` has completed (forgetting it if so).
+    pub fn take_read(&mut self, id: usize) -> bool {
+        let Some(i) = self.reads_done.iter().position(|&r| r == id) else {
+            return false;
+        };
+        self.reads_done.swap_remove(i);
+        true
+    }
+
+    /// Reads and applies every completion ready; whether there was any.
+    pub fn progress(&mut self) -> bool {
+        let mut entries: [sys::CqDataEntry; 16] =
+            // SAFETY: all-integer/pointer entries, zero is a valid value.
+            unsafe { std::mem::zeroed() };
+        let mut any = false;
+        loop {
+            match self.ep.poll(&mut entries) {
+                Ok(0) => {
+                    if !self.backlog.is_empty() {
+                        self.retry_backlog();
+                    }
+                    return any;
+                }
+                Ok(n) => {
+                    any = true;
+                    for e in &entries[..n] {
+                        self.apply(e.op_context as usize, e.flags, e.len, e.data);
+                    }
+                }
+                Err((ctx, why)) => {
+                    any = true;
+                    self.failed(ctx as usize, why);
+                }
+            }
+        }
+    }
+
+    /// An error completion of the operation with context `key`: its peer is unreachable.
+    fn failed(&mut self, key: usize, why: String) {
+        let Some(op) = self.ops.remove(&key) else {
+            tracing::warn!("ofi: an error completion of no operation of ours: {why}");
+            return;
+        };
+        let peer = op.what.peer();
+        if matches!(op.what, What::Write { .. } | What::Read { .. }) {
+            self.peer(peer).in_flight -= 1;
+        }
+        self.peer(peer).kill(format!("is unreachable: {why}"));
+    }
+
+    /// Applies one completion.
+    fn apply(&mut self, key: usize, flags: u64, len: usize, data: u64) {
+        if flags & sys::FI_REMOTE_CQ_DATA != 0 && flags & sys::FI_RECV == 0 {
+            self.landed(data);
+            return;
+        }
+        let Some(op) = self.ops.remove(&key) else {
+            tracing::warn!("ofi: a completion of no operation of ours (flags {flags:#x})");
+            return;
+        };
+        match op.what {
+            What::Send { .. } => {}
+            What::Write { peer, .. } => self.peer(peer).in_flight -= 1,
+            What::Read { peer, .. } => {
+                self.peer(peer).in_flight -= 1;
+                self.reads_done.push(key);
+            }
+            What::Recv { peer, buf } => {
+                let msg = &buf[..len.min(buf.len())];
+                match wire::decode(msg, self.depth, self.eager_max) {
+                    Ok((h, payload)) => {
+                        if let Err(why) = self.deliver(peer, &h, payload) {
+                            self.peer(peer).kill(format!("protocol violation: {why}"));
+                        }
+                    }
+                    Err(why) => self.peer(peer).kill(format!("sent {why}")),
+                }
+                // Reposted even for a dead peer: the receive is only a buffer.
+                if let Err(why) = self.post_recv(peer, buf) {
+                    self.peer(peer)
+                        .kill(format!("cannot post a receive: {why}"));
+                }
+            }
+        }
+        drop(op.ctx);
+    }
+
+    /// A peer's data write landed in our memory: count it for its slot.
+    fn landed(&mut self, data: u64) {
+        let (rank, slot) = wire::parse_write_data(data);
+        let depth = self.depth;
+        let Some(Some(p)) = self.peers.get_mut(rank) else {
+            tracing::warn!("ofi: a write naming rank {rank}, not a peer");
+            return;
+        };
+        if slot >= depth || p.regions[slot].is_none() {
+            p.kill(format!(
+                "protocol violation: a write for slot {slot}, which is not open"
+            ));
+            return;
+        }
+        p.imm[slot].landed += 1;
+        p.complete(slot);
+    }
+
+    /// Applies a decoded message from `peer`.
+    fn deliver(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
+        let p = self.peer(peer);
+        let slot = h.slot as usize;
+        match h.kind {
+            Kind::Cts => {
+                let entry = CtsEntry {
+                    key: h.slot,
+                    ..wire::decode_cts(payload)
+                };
+                p.cts[slot] = (entry, h.value);
+            }
+            Kind::Imm => {
+                if p.imm[slot].waiting.is_some() {
+                    return Err(format!("a second immediate for slot {slot}"));
+                }
+                p.imm[slot].waiting = Some((h.a, h.b, h.value));
+                p.complete(slot);
+            }
+            Kind::Eager => {
+                let s = &mut p.eager[slot];
+                if s.full {
+                    return Err(format!("an eager message into the full slot {slot}"));
+                }
+                s.data[..payload.len()].copy_from_slice(payload);
+                (s.idx, s.tag, s.len, s.full) = (h.a, h.b, payload.len(), true);
+            }
+            Kind::Credit => p.credits[slot] = h.a,
+            Kind::Ack => p.acks = p.acks.wrapping_add(1),
+            Kind::Fail => {
+                p.failed
+                    .get_or_insert_with(|| String::from_utf8_lossy(payload).into_owned());
+            }
+            Kind::Ping => {}
+        }
+        Ok(())
+    }
+}

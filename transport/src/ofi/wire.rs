@@ -1,0 +1,194 @@
+//! The control messages the `ofi` provider sends as two-sided messages (`fi_send` into the
+//! peer's pre-posted receives), and the 32-bit remote completion data of its data writes.
+//!
+//! A message is a 32-byte header (kind, slot, two words, one 64-bit value, all little-endian)
+//! followed by the payload of a clear-to-send entry, an eager message or a failure text.
+//! Decoding validates everything a peer controls (kind, slot against the FIFO depth, payload
+//! length against the kind and against what arrived) and names what is wrong; the device turns
+//! that into a connection error naming the peer.
+
+use crate::device::CtsEntry;
+
+/// Header bytes of every message.
+pub const HEADER: usize = 32;
+/// Bytes of an encoded clear-to-send entry.
+pub const CTS_BYTES: usize = 32;
+/// Longest failure text a message carries.
+pub const MAX_TEXT: usize = 1024;
+
+/// What a message carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// A clear-to-send entry for FIFO slot `slot`; `value` is the memory key of its region.
+    Cts = 1,
+    /// A transfer's immediate for completion slot `slot`: `a` the immediate, `b` the number
+    /// of data writes it completes, `value` the byte count.
+    Imm = 2,
+    /// An eager message for slot `slot`: `a` its index, `b` its tag, payload `value` bytes.
+    Eager = 3,
+    /// Credit word `slot` becomes `a`.
+    Credit = 4,
+    /// One more ack.
+    Ack = 5,
+    /// The sender failed; the payload says why.
+    Fail = 6,
+    /// Liveness only: a send that fails tells that the peer is gone.
+    Ping = 7,
+}
+
+/// A decoded message header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Header {
+    pub kind: Kind,
+    pub slot: u32,
+    pub a: u32,
+    pub b: u32,
+    pub value: u64,
+}
+
+impl Header {
+    pub fn new(kind: Kind, slot: usize, a: u32, b: u32, value: u64) -> Header {
+        Header {
+            kind,
+            slot: slot as u32,
+            a,
+            b,
+            value,
+        }
+    }
+
+    /// The header followed by `payload`, as sent.
+    pub fn encode(&self, payload: &[u8]) -> Vec<u8> {
+        let mut m = Vec::with_capacity(HEADER + payload.len());
+        m.extend_from_slice(&(self.kind as u32).to_le_bytes());
+        m.extend_from_slice(&self.slot.to_le_bytes());
+        m.extend_from_slice(&self.a.to_le_bytes());
+        m.extend_from_slice(&self.b.to_le_bytes());
+        m.extend_from_slice(&self.value.to_le_bytes());
+        m.extend_from_slice(&[0u8; 8]);
+        m.extend_from_slice(payload);
+        m
+    }
+}
+
+/// Decodes a received message of `msg.len()` bytes for a FIFO of `depth` slots whose eager
+/// messages hold at most `eager_max` bytes: the header and its payload.
+pub fn decode(msg: &[u8], depth: usize, eager_max: usize) -> Result<(Header, &[u8]), String> {
+    if msg.len() < HEADER {
+        return Err(format!(
+            "a message of {} bytes (header: {HEADER})",
+            msg.len()
+        ));
+    }
+    let u32_at = |i: usize| u32::from_le_bytes(msg[i..i + 4].try_into().expect("4 bytes"));
+    let kind = match u32_at(0) {
+        1 => Kind::Cts,
+        2 => Kind::Imm,
+        3 => Kind::Eager,
+        4 => Kind::Credit,
+        5 => Kind::Ack,
+        6 => Kind::Fail,
+        7 => Kind::Ping,
+        k => return Err(format!("a message of unknown kind {k}")),
+    };
+    let h = Header {
+        kind,
+        slot: u32_at(4),
+        a: u32_at(8),
+        b: u32_at(12),
+        value: u64::from_le_bytes(msg[16..24].try_into().expect("8 bytes")),
+    };
+    let payload = &msg[HEADER..];
+    let slotted = matches!(kind, Kind::Cts | Kind::Imm | Kind::Eager | Kind::Credit);
+    if slotted && h.slot as usize >= depth {
+        return Err(format!("{kind:?} for slot {} (slots: {depth})", h.slot));
+    }
+    let want = match kind {
+        Kind::Cts => Some(CTS_BYTES),
+        Kind::Eager if h.value > eager_max as u64 => {
+            return Err(format!(
+                "an eager message of {} bytes (at most {eager_max})",
+                h.value
+            ));
+        }
+        Kind::Eager => Some(h.value as usize),
+        Kind::Fail if payload.len() > MAX_TEXT => {
+            return Err(format!("a failure text of {} bytes", payload.len()));
+        }
+        Kind::Fail => None,
+        _ => Some(0),
+    };
+    if let Some(want) = want.filter(|&w| w != payload.len()) {
+        return Err(format!(
+            "{kind:?} with {} payload bytes (expected {want})",
+            payload.len()
+        ));
+    }
+    Ok((h, payload))
+}
+
+pub fn encode_cts(e: &CtsEntry) -> [u8; CTS_BYTES] {
+    let mut b = [0u8; CTS_BYTES];
+    b[..8].copy_from_slice(&e.addr.to_le_bytes());
+    b[8..16].copy_from_slice(&e.size.to_le_bytes());
+    b[16..20].copy_from_slice(&e.key.to_le_bytes());
+    b[20..24].copy_from_slice(&e.nreqs.to_le_bytes());
+    b[24..28].copy_from_slice(&e.tag.to_le_bytes());
+    b[28..].copy_from_slice(&e.idx.to_le_bytes());
+    b
+}
+
+/// The entry of a [`Kind::Cts`] payload ([`decode`] checked its length).
+pub fn decode_cts(b: &[u8]) -> CtsEntry {
+    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+    CtsEntry {
+        addr: u64_at(0),
+        size: u64_at(8),
+        key: u32_at(16),
+        nreqs: u32_at(20),
+        tag: u32_at(24),
+        idx: u32_at(28),
+    }
+}
+
+/// Remote completion data of a data write: the writing rank and the completion slot it
+/// writes for, 16 bits each (so the data fits the 4 bytes every accepted provider carries).
+pub fn write_data(rank: usize, slot: usize) -> u64 {
+    ((rank as u64 & 0xffff) << 16) | (slot as u64 & 0xffff)
+}
+
+/// The `(rank, slot)` of [`write_data`].
+pub fn parse_write_data(data: u64) -> (usize, usize) {
+    (((data >> 16) & 0xffff) as usize, (data & 0xffff) as usize)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_and_bad_ones_are_named() {
+        let e = CtsEntry {
+            addr: 1 << 40,
+            size: 77,
+            key: 3,
+            nreqs: 2,
+            tag: 9,
+            idx: 5,
+        };
+        let m = Header::new(Kind::Cts, 3, 0, 0, 42).encode(&encode_cts(&e));
+        let (h, p) = decode(&m, 4, 16).unwrap();
+        assert_eq!((h.kind, h.slot, h.value), (Kind::Cts, 3, 42));
+        assert_eq!(decode_cts(p), e);
+        assert!(decode(&m, 3, 16).unwrap_err().contains("slot 3"));
+        assert!(decode(&m[..HEADER + 4], 4, 16).is_err());
+        let eager = Header::new(Kind::Eager, 0, 1, 2, 17).encode(&[0; 17]);
+        assert!(decode(&eager, 4, 16).unwrap_err().contains("at most 16"));
+        assert!(decode(&eager[..10], 4, 32).is_err());
+        let mut unknown = Header::new(Kind::Ack, 0, 0, 0, 0).encode(&[]);
+        unknown[0] = 99;
+        assert!(decode(&unknown, 4, 16).unwrap_err().contains("kind 99"));
+        assert_eq!(parse_write_data(write_data(513, 255)), (513, 255));
+    }
+}
