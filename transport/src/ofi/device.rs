@@ -399,9 +399,15 @@ impl RmaDevice for OfiDevice {
             key: slot as u32,
             ..*entry
         };
+        let payload = wire::encode_cts(&e);
         // A peer that is gone by now needs no clear-to-send: the wait for its message names
-        // the lost peer (`peer_health`).
-        let _ = s.send(peer, &h, &wire::encode_cts(&e));
+        // the lost peer (`peer_health`). An eager receive's entry only exposes a length
+        // mismatch to a rendezvous sender, which can wait for our next message or idle moment.
+        let _ = if rkey == 0 && !read {
+            s.defer(peer, &h, &payload)
+        } else {
+            s.send(peer, &h, &payload)
+        };
         Ok(())
     }
 
@@ -522,8 +528,9 @@ impl RmaDevice for OfiDevice {
         let mut s = self.lock();
         s.peer(peer).eager[slot].full = false;
         let h = Header::new(Kind::Credit, slot, seq.wrapping_add(1), 0, 0);
-        // The receive is complete: a peer that is gone by now needs no credit.
-        let _ = s.send(peer, &h, &[]);
+        // Deferred: the sender needs it only `depth` messages later. The receive is complete:
+        // a peer that is gone by now needs no credit.
+        let _ = s.defer(peer, &h, &[]);
         Ok(())
     }
 
@@ -577,6 +584,7 @@ impl Drop for OfiDevice {
     /// Lets what we sent last (a credit, a failure note) leave before the endpoint closes:
     /// with manual progress nothing moves unless we drive it.
     fn drop(&mut self) {
+        self.lock().flush();
         let deadline = Instant::now() + FLUSH_WAIT;
         while Instant::now() < deadline {
             let mut s = self.lock();
@@ -630,6 +638,12 @@ impl Transport for OfiDevice {
             // Best effort: a peer that is gone has nobody waiting for this.
             let _ = s.send(peer, &Header::new(Kind::Fail, 0, 0, 0, 0), text);
         }
+    }
+    fn holds_frames_back(&self) -> bool {
+        true
+    }
+    fn flush(&self) {
+        self.lock().flush();
     }
     fn check_peers_failed(&self) -> Result<()> {
         let s = self.lock();

@@ -68,6 +68,10 @@ pub struct PeerState {
     pub failed: Option<String>,
     /// Why the peer is unreachable or was cut off.
     pub dead: Option<String>,
+    /// Messages nobody waits for yet (credits, the clear-to-send entries of eager receives),
+    /// as a [`Kind::Batch`] payload: they leave with the next message to the peer or when the
+    /// engine idles ([`State::flush`]).
+    deferred: Vec<u8>,
     /// Our operations to the peer waiting in the backlog, and since when none has moved.
     backlogged: usize,
     stuck_since: Option<Instant>,
@@ -96,6 +100,7 @@ impl PeerState {
             in_flight: 0,
             failed: None,
             dead: None,
+            deferred: Vec::new(),
             backlogged: 0,
             stuck_since: None,
         }
@@ -313,10 +318,53 @@ impl State {
         self.post(What::Recv { peer, buf }).map(drop)
     }
 
-    /// Sends `h` with `payload` to `peer`.
+    /// Sends `h` with `payload` to `peer`, in one batch with the messages deferred to it when
+    /// they fit together.
     pub fn send(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
-        let buf = h.encode(payload);
+        let msg = h.encode(payload);
+        let batch_max = self.eager_max;
+        let p = self.peer(peer);
+        if p.deferred.is_empty() {
+            return self.post(What::Send { peer, buf: msg }).map(drop);
+        }
+        if p.deferred.len() + 4 + msg.len() <= batch_max {
+            wire::push_batch(&mut p.deferred, &msg);
+            return self.flush_peer(peer);
+        }
+        self.flush_peer(peer)?;
+        self.post(What::Send { peer, buf: msg }).map(drop)
+    }
+
+    /// Defers `h` with `payload` to `peer` (see [`PeerState::deferred`]).
+    pub fn defer(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
+        let msg = h.encode(payload);
+        if self.peer(peer).deferred.len() + 4 + msg.len() > self.eager_max {
+            self.flush_peer(peer)?;
+        }
+        wire::push_batch(&mut self.peer(peer).deferred, &msg);
+        Ok(())
+    }
+
+    /// Sends what is deferred to `peer`, as one message.
+    fn flush_peer(&mut self, peer: usize) -> Result<(), String> {
+        let batch = std::mem::take(&mut self.peer(peer).deferred);
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let buf = Header::new(Kind::Batch, 0, 0, 0, 0).encode(&batch);
         self.post(What::Send { peer, buf }).map(drop)
+    }
+
+    /// Sends what is deferred to every peer (a peer that is gone needs none of it).
+    pub fn flush(&mut self) {
+        for peer in 0..self.peers.len() {
+            if self.peers[peer]
+                .as_ref()
+                .is_some_and(|p| !p.deferred.is_empty())
+            {
+                let _ = self.flush_peer(peer);
+            }
+        }
     }
 
     /// Writes `[src, src+len)` to `peer`'s `(key, addr)` with completion data `data`.
@@ -438,13 +486,8 @@ impl State {
             }
             What::Recv { peer, buf } => {
                 let msg = &buf[..len.min(buf.len())];
-                match wire::decode(msg, self.depth, self.eager_max) {
-                    Ok((h, payload)) => {
-                        if let Err(why) = self.deliver(peer, &h, payload) {
-                            self.peer(peer).kill(format!("protocol violation: {why}"));
-                        }
-                    }
-                    Err(why) => self.peer(peer).kill(format!("sent {why}")),
+                if let Err(why) = self.receive(peer, msg) {
+                    self.peer(peer).kill(why);
                 }
                 // Reposted even for a dead peer: the receive is only a buffer.
                 if let Err(why) = self.post_recv(peer, buf) {
@@ -472,6 +515,25 @@ impl State {
         }
         p.imm[slot].landed += 1;
         p.complete(slot);
+    }
+
+    /// Checks and applies a message from `peer` (each message of a batch in turn); what is
+    /// wrong with it.
+    fn receive(&mut self, peer: usize, msg: &[u8]) -> Result<(), String> {
+        let (h, payload) =
+            wire::decode(msg, self.depth, self.eager_max).map_err(|w| format!("sent {w}"))?;
+        if h.kind != Kind::Batch {
+            return self
+                .deliver(peer, &h, payload)
+                .map_err(|w| format!("protocol violation: {w}"));
+        }
+        for inner in wire::split_batch(payload).map_err(|w| format!("sent {w}"))? {
+            let (h, payload) =
+                wire::decode(inner, self.depth, self.eager_max).map_err(|w| format!("sent {w}"))?;
+            self.deliver(peer, &h, payload)
+                .map_err(|w| format!("protocol violation: {w}"))?;
+        }
+        Ok(())
     }
 
     /// Applies a decoded message from `peer`.
@@ -507,7 +569,7 @@ impl State {
                 p.failed
                     .get_or_insert_with(|| String::from_utf8_lossy(payload).into_owned());
             }
-            Kind::Ping => {}
+            Kind::Ping | Kind::Batch => {}
         }
         Ok(())
     }

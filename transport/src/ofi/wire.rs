@@ -34,6 +34,8 @@ pub enum Kind {
     Fail = 6,
     /// Liveness only: a send that fails tells that the peer is gone.
     Ping = 7,
+    /// Several messages in one: each a 4-byte length and the message ([`split_batch`]).
+    Batch = 8,
 }
 
 /// A decoded message header.
@@ -89,6 +91,7 @@ pub fn decode(msg: &[u8], depth: usize, eager_max: usize) -> Result<(Header, &[u
         5 => Kind::Ack,
         6 => Kind::Fail,
         7 => Kind::Ping,
+        8 => Kind::Batch,
         k => return Err(format!("a message of unknown kind {k}")),
     };
     let h = Header {
@@ -115,7 +118,7 @@ pub fn decode(msg: &[u8], depth: usize, eager_max: usize) -> Result<(Header, &[u
         Kind::Fail if payload.len() > MAX_TEXT => {
             return Err(format!("a failure text of {} bytes", payload.len()));
         }
-        Kind::Fail => None,
+        Kind::Fail | Kind::Batch => None,
         _ => Some(0),
     };
     if let Some(want) = want.filter(|&w| w != payload.len()) {
@@ -125,6 +128,35 @@ pub fn decode(msg: &[u8], depth: usize, eager_max: usize) -> Result<(Header, &[u
         ));
     }
     Ok((h, payload))
+}
+
+/// Appends `msg` to the payload of a [`Kind::Batch`] message.
+pub fn push_batch(batch: &mut Vec<u8>, msg: &[u8]) {
+    batch.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+    batch.extend_from_slice(msg);
+}
+
+/// The messages of a [`Kind::Batch`] payload; batches do not nest.
+pub fn split_batch(mut payload: &[u8]) -> Result<Vec<&[u8]>, String> {
+    let mut msgs = Vec::new();
+    while !payload.is_empty() {
+        let Some((len, rest)) = payload.split_first_chunk::<4>() else {
+            return Err(format!("a batch ending in {} stray bytes", payload.len()));
+        };
+        let len = u32::from_le_bytes(*len) as usize;
+        if len > rest.len() {
+            return Err(format!(
+                "a batched message of {len} bytes, {} left",
+                rest.len()
+            ));
+        }
+        if rest[..len].starts_with(&(Kind::Batch as u32).to_le_bytes()) {
+            return Err("a batch inside a batch".into());
+        }
+        msgs.push(&rest[..len]);
+        payload = &rest[len..];
+    }
+    Ok(msgs)
 }
 
 pub fn encode_cts(e: &CtsEntry) -> [u8; CTS_BYTES] {
@@ -190,5 +222,17 @@ mod tests {
         unknown[0] = 99;
         assert!(decode(&unknown, 4, 16).unwrap_err().contains("kind 99"));
         assert_eq!(parse_write_data(write_data(513, 255)), (513, 255));
+        let ack = Header::new(Kind::Ack, 0, 0, 0, 0).encode(&[]);
+        let mut batch = Vec::new();
+        push_batch(&mut batch, &ack);
+        push_batch(&mut batch, &m);
+        assert_eq!(split_batch(&batch).unwrap(), vec![&ack[..], &m[..]]);
+        assert!(split_batch(&batch[..batch.len() - 1]).is_err());
+        let mut nested = Vec::new();
+        push_batch(
+            &mut nested,
+            &Header::new(Kind::Batch, 0, 0, 0, 0).encode(&batch),
+        );
+        assert!(split_batch(&nested).unwrap_err().contains("inside"));
     }
 }
