@@ -15,23 +15,6 @@ use std::time::{Duration, Instant};
 use ampccl::{Communicator, ReduceOp};
 
 const WORKER_VAR: &str = "AMPCCL_LAUNCH_WORKER";
-/// Variables of the test's own environment that would steer the rendezvous.
-const LAUNCH_VARS: &[&str] = &[
-    "AMPCCL_UNIQUE_ID",
-    "AMPCCL_RANK",
-    "AMPCCL_WORLD_SIZE",
-    "AMPCCL_LOCAL_RANK",
-    "AMPCCL_RENDEZVOUS",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "PMI_FD",
-    "PMI_RANK",
-    "PMI_SIZE",
-    "TORCHELASTIC_USE_AGENT_STORE",
-];
 
 /// The ranks' side: joins with `from_env`, checks an allreduce, prints a line the test checks.
 #[test]
@@ -103,7 +86,7 @@ fn worker_args() -> Vec<String> {
 }
 
 fn prepare(cmd: &mut Command, what: &str) {
-    for v in LAUNCH_VARS {
+    for v in ampccl_transport::bootstrap::RENDEZVOUS_VARS {
         cmd.env_remove(v);
     }
     cmd.env(WORKER_VAR, what)

@@ -21,23 +21,7 @@ use std::time::{Duration, Instant};
 use ampccl::UniqueId;
 use ampccl_tests::Hosts;
 use ampccl_tests::hosts::in_ci;
-
-/// Variables of the test's own environment that would steer a rendezvous.
-const LAUNCH_VARS: &[&str] = &[
-    "AMPCCL_UNIQUE_ID",
-    "AMPCCL_RANK",
-    "AMPCCL_WORLD_SIZE",
-    "AMPCCL_LOCAL_RANK",
-    "AMPCCL_RENDEZVOUS",
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "PMI_FD",
-    "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCH_DISTRIBUTED_DEBUG",
-];
+use ampccl_transport::bootstrap::RENDEZVOUS_VARS;
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -123,7 +107,9 @@ fn install_wheel(bin: &Path, name: &str) -> PathBuf {
 
 /// `cmd` with the wheel on `PYTHONPATH`, a clean launch environment and piped output.
 fn python_env(mut cmd: Command, site: &Path) -> Command {
-    for v in LAUNCH_VARS {
+    // The rendezvous variables of the test's own environment, and torch's debug mode, which
+    // the tests set where they want it.
+    for v in RENDEZVOUS_VARS.iter().chain(&["TORCH_DISTRIBUTED_DEBUG"]) {
         cmd.env_remove(v);
     }
     cmd.env("PYTHONPATH", site)

@@ -15,6 +15,7 @@ pub mod eager;
 pub mod link;
 pub mod mixed;
 pub mod ofi;
+pub mod oplog;
 pub mod probe;
 pub mod protocol;
 pub mod shm;

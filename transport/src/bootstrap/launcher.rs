@@ -38,6 +38,26 @@ use super::tcpstore::StoreClient;
 use super::unique_id::UniqueId;
 use super::{env, ifname};
 
+/// The variables that steer how ranks find each other ([`Source::detect`] and the sources'
+/// own settings): what a process that starts ranks itself (a test, a launcher inside a job)
+/// clears so that its own job's settings do not leak into theirs.
+pub const RENDEZVOUS_VARS: &[&str] = &[
+    "AMPCCL_UNIQUE_ID",
+    "AMPCCL_RANK",
+    "AMPCCL_WORLD_SIZE",
+    "AMPCCL_LOCAL_RANK",
+    "AMPCCL_RENDEZVOUS",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PMI_FD",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "TORCHELASTIC_USE_AGENT_STORE",
+];
+
 /// How this process's ranks find each other.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Source {

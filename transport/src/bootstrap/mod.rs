@@ -90,7 +90,7 @@ use crate::topology::Topology;
 pub use env::{
     EnvConfig, JOB_ID_VARS, LOCAL_RANK_VARS, Rendezvous, parse_timeout_s, timeout_from_env,
 };
-pub use launcher::Source;
+pub use launcher::{RENDEZVOUS_VARS, Source};
 use link::{KIND_ALLGATHER, KIND_BARRIER, KIND_BROADCAST, KIND_P2P, Key, Link};
 pub use root::RootReport;
 pub use unique_id::{Token, UNIQUE_ID_BYTES, UniqueId};

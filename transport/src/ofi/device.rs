@@ -1,7 +1,6 @@
 //! [`OfiDevice`]: the connected `ofi` provider ([`connect`]) and its RMA device and transport
 //! interfaces.
 
-use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::{Duration, Instant};
@@ -18,12 +17,12 @@ use super::sys::{self, Lib};
 use super::wire::{self, Header, Kind};
 use crate::bootstrap::Bootstrap;
 use crate::device::{CTS_READ, CtsEntry, EagerHeader, IMM_ERROR, OpRecord, RmaDevice};
+use crate::oplog::OpLog;
 use crate::transport::{OpFormatter, Transport, TransportConfig};
 
 /// Largest eager message (as the TCP provider's: one round trip saved per small message).
 pub const EAGER_MAX: usize = 4096;
 /// Operation records this rank keeps for its own mismatch messages.
-const OP_HISTORY: usize = 8;
 /// How often the progress thread sends each peer a liveness message: a send to a dead peer
 /// fails, which is how its death shows within about a second.
 const PING_EVERY: Duration = Duration::from_millis(300);
@@ -61,8 +60,7 @@ pub struct OfiDevice {
     bell: Doorbell,
     window: HostBuffer,
     failed: AtomicBool,
-    ops: Mutex<VecDeque<OpRecord>>,
-    op_formatter: OnceLock<OpFormatter>,
+    ops: OpLog,
     timeout: Duration,
     /// The next application-chosen memory key (random start: peers cannot guess keys).
     next_key: Mutex<u64>,
@@ -177,8 +175,7 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<OfiDevice>
         bell: Doorbell::new(),
         window: HostBuffer::zeroed(cfg.window),
         failed: AtomicBool::new(false),
-        ops: Mutex::new(VecDeque::with_capacity(OP_HISTORY)),
-        op_formatter: OnceLock::new(),
+        ops: OpLog::default(),
         timeout: boot.timeout(),
         next_key: Mutex::new(u64::from_le_bytes(key) >> 2),
     });
@@ -563,7 +560,7 @@ impl RmaDevice for OfiDevice {
 
     fn op_history(&self, peer: Option<usize>) -> Vec<OpRecord> {
         match peer {
-            None => lock(&self.ops).iter().rev().copied().collect(),
+            None => self.ops.newest_first(),
             // Peers' records stay on their hosts.
             Some(_) => Vec::new(),
         }
@@ -574,9 +571,7 @@ impl RmaDevice for OfiDevice {
     }
 
     fn local_op(&self, tag: u32) -> Option<String> {
-        let ops = self.op_history(None);
-        let record = ops.iter().find(|r| r[0] as u32 == tag).or(ops.first())?;
-        self.op_formatter.get().and_then(|f| f(record))
+        self.ops.describe(tag)
     }
 }
 
@@ -598,10 +593,6 @@ impl Drop for OfiDevice {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Transport for OfiDevice {
     fn name(&self) -> &'static str {
         "ofi"
@@ -619,14 +610,10 @@ impl Transport for OfiDevice {
         false
     }
     fn set_op(&self, record: &OpRecord) {
-        let mut ops = lock(&self.ops);
-        if ops.len() == OP_HISTORY {
-            ops.pop_front();
-        }
-        ops.push_back(*record);
+        self.ops.push(record);
     }
     fn set_op_formatter(&self, f: OpFormatter) {
-        let _ = self.op_formatter.set(f);
+        self.ops.set_formatter(f);
     }
     fn mark_failed(&self, msg: &str) {
         if self.failed.swap(true, Ordering::AcqRel) {

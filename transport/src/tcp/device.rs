@@ -1,12 +1,11 @@
 //! [`TcpDevice`]: the connected provider ([`connect`]) and its RMA device and transport
 //! interfaces.
 
-use std::collections::VecDeque;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ampccl_runtime::doorbell::Doorbell;
@@ -21,13 +20,13 @@ use super::reader::{self, Handback, Inbox};
 use super::stripe::{self, NSOCKS, STRIPE_MIN};
 use crate::bootstrap::Bootstrap;
 use crate::device::{CTS_READ, CtsEntry, EagerHeader, IMM_ERROR, OpRecord, RmaDevice};
+use crate::oplog::OpLog;
 use crate::transport::{OpFormatter, Transport, TransportConfig};
 
 /// Largest eager message: one round trip saved per small message, at the price of
 /// `depth * EAGER_MAX` bytes of slots per peer.
 pub const EAGER_MAX: usize = 4096;
 /// Operation records this rank keeps for its own mismatch messages.
-const OP_HISTORY: usize = 8;
 /// Bootstrap tags of the set-up exchanges.
 const TAG_SECRET: u64 = 0x5443_5000_0000_0001;
 const TAG_ADDRS: u64 = 0x5443_5000_0000_0002;
@@ -54,8 +53,7 @@ pub struct TcpDevice {
     bell: Doorbell,
     window: HostBuffer,
     failed: AtomicBool,
-    ops: Mutex<VecDeque<OpRecord>>,
-    op_formatter: OnceLock<OpFormatter>,
+    ops: OpLog,
     read_ids: AtomicU32,
     timeout: Duration,
     /// Whether a peer may hold deferred frames (see [`super::peer`]).
@@ -215,8 +213,7 @@ pub fn connect_to(
         bell,
         window: HostBuffer::zeroed(window),
         failed: AtomicBool::new(false),
-        ops: Mutex::new(VecDeque::with_capacity(OP_HISTORY)),
-        op_formatter: OnceLock::new(),
+        ops: OpLog::default(),
         read_ids: AtomicU32::new(0),
         timeout: boot.timeout(),
         any_deferred: AtomicBool::new(false),
@@ -635,7 +632,7 @@ impl RmaDevice for TcpDevice {
 
     fn op_history(&self, peer: Option<usize>) -> Vec<OpRecord> {
         match peer {
-            None => lock(&self.ops).iter().rev().copied().collect(),
+            None => self.ops.newest_first(),
             // Peers' records stay on their hosts.
             Some(_) => Vec::new(),
         }
@@ -646,9 +643,7 @@ impl RmaDevice for TcpDevice {
     }
 
     fn local_op(&self, tag: u32) -> Option<String> {
-        let ops = self.op_history(None);
-        let record = ops.iter().find(|r| r[0] as u32 == tag).or(ops.first())?;
-        self.op_formatter.get().and_then(|f| f(record))
+        self.ops.describe(tag)
     }
 }
 
@@ -669,14 +664,10 @@ impl Transport for TcpDevice {
         false
     }
     fn set_op(&self, record: &OpRecord) {
-        let mut ops = lock(&self.ops);
-        if ops.len() == OP_HISTORY {
-            ops.pop_front();
-        }
-        ops.push_back(*record);
+        self.ops.push(record);
     }
     fn set_op_formatter(&self, f: OpFormatter) {
-        let _ = self.op_formatter.set(f);
+        self.ops.set_formatter(f);
     }
     fn holds_frames_back(&self) -> bool {
         true
