@@ -100,16 +100,7 @@ fn torchrun_across_two_hosts() {
         ])
         .arg(&exe)
         .args(["--exact", WORKER_TEST, "--nocapture", "--test-threads=1"]);
-        for k in [
-            "AMPCCL_UNIQUE_ID",
-            "AMPCCL_RENDEZVOUS",
-            "AMPCCL_RANK",
-            "AMPCCL_WORLD_SIZE",
-            "MASTER_ADDR",
-            "MASTER_PORT",
-            "RANK",
-            "WORLD_SIZE",
-        ] {
+        for k in ampccl_transport::bootstrap::RENDEZVOUS_VARS {
             cmd.env_remove(k);
         }
         cmd.env(ROLE_VAR, "worker")
@@ -117,33 +108,14 @@ fn torchrun_across_two_hosts() {
             .env("AMPCCL_LOG", "info")
             .env("AMPCCL_TIMEOUT_S", "60")
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().unwrap();
-        let mut stderr = child.stderr.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = stderr.read_to_string(&mut s);
-            s
-        });
-        agents.push((child, reader));
+            .stdout(Stdio::null());
+        agents.push(spawn_logged(cmd));
     }
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut report = String::new();
     let mut ok = true;
-    for (node, (mut child, reader)) in agents.into_iter().enumerate() {
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break Some(s);
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let log = reader.join().unwrap();
+    for (node, agent) in agents.into_iter().enumerate() {
+        let (status, log) = wait_logged(agent, deadline);
         let rank_ok = log.contains(&format!("[rank {node}] {SCENARIO}: ok"));
         let via_store = log.contains("rendezvous through torchrun's TCPStore");
         ok &= status.is_some_and(|s| s.success()) && rank_ok && via_store;
@@ -153,11 +125,11 @@ fn torchrun_across_two_hosts() {
     assert!(ok, "{report}");
 }
 
-/// Runs `cmd` (stderr piped) to its end or `deadline`; returns its status and stderr.
-fn run_logged(
-    mut cmd: std::process::Command,
-    deadline: Instant,
-) -> (Option<std::process::ExitStatus>, String) {
+/// A started process and the thread collecting its stderr.
+type Logged = (std::process::Child, std::thread::JoinHandle<String>);
+
+/// Starts `cmd` with its stderr piped into a collecting thread.
+fn spawn_logged(mut cmd: std::process::Command) -> Logged {
     let mut child = cmd.stderr(Stdio::piped()).spawn().unwrap();
     let mut stderr = child.stderr.take().unwrap();
     let reader = std::thread::spawn(move || {
@@ -165,6 +137,15 @@ fn run_logged(
         let _ = stderr.read_to_string(&mut s);
         s
     });
+    (child, reader)
+}
+
+/// Waits for a [`spawn_logged`] process to end, killing it at `deadline`; its status (`None`:
+/// killed) and stderr.
+fn wait_logged(
+    (mut child, reader): Logged,
+    deadline: Instant,
+) -> (Option<std::process::ExitStatus>, String) {
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break Some(s);
@@ -237,7 +218,7 @@ fn intel_mpi_across_two_hosts() {
         .env("FI_PROVIDER", "tcp")
         .stdin(Stdio::null())
         .stdout(Stdio::null());
-    let (status, log) = run_logged(cmd, Instant::now() + Duration::from_secs(120));
+    let (status, log) = wait_logged(spawn_logged(cmd), Instant::now() + Duration::from_secs(120));
     // Ranks under PMI have no RANK variable for the worker's prefix: count the ok lines.
     let ranks_ok = log.matches(&format!("{MPI_SCENARIO}: ok")).count() == 2;
     let via_pmi = log.contains("rendezvous through the launcher's PMI-1");

@@ -11,8 +11,8 @@
 //! shared-memory provider implements it with stores into mapped segments (or cross-memory
 //! attach), a verbs provider would post RDMA WRITE / WRITE_WITH_IMM / READ.
 
-use ampccl_runtime::Result;
 use ampccl_runtime::task::CopyTo;
+use ampccl_runtime::{Error, Result};
 
 /// Clear-to-send entry: where and how much the receiver accepts (NCCL's FIFO layout).
 #[repr(C)]
@@ -152,4 +152,24 @@ pub trait RmaDevice: Send + Sync {
     fn peer_op(&self, peer: usize, tag: u32) -> Option<String>;
     /// The local rank's operation with tag `tag`, described as for peers, if known.
     fn local_op(&self, tag: u32) -> Option<String>;
+}
+
+/// The payload of an [`RmaDevice::eager_write`] as a slice, once `len` is checked against the
+/// device's largest eager message `max`: a longer one is an error (the caller's bug), never an
+/// overrun of the peer's slot.
+///
+/// # Safety
+/// `src` must be valid for `len` reads for `'a` (it may dangle when `len` is 0).
+pub unsafe fn eager_payload<'a>(src: *const u8, len: usize, max: usize) -> Result<&'a [u8]> {
+    if len > max {
+        return Err(Error::Internal(format!(
+            "eager message of {len} bytes (at most {max})"
+        )));
+    }
+    Ok(if len == 0 {
+        &[]
+    } else {
+        // SAFETY: `src` is valid for `len` reads for `'a` (the caller's contract).
+        unsafe { std::slice::from_raw_parts(src, len) }
+    })
 }

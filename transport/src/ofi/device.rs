@@ -16,7 +16,9 @@ use super::state::{PeerState, RECVS, State};
 use super::sys::{self, Lib};
 use super::wire::{self, Header, Kind};
 use crate::bootstrap::Bootstrap;
-use crate::device::{CTS_READ, CtsEntry, EagerHeader, IMM_ERROR, OpRecord, RmaDevice};
+use crate::device::{
+    CTS_READ, CtsEntry, EagerHeader, IMM_ERROR, OpRecord, RmaDevice, eager_payload,
+};
 use crate::oplog::OpLog;
 use crate::transport::{OpFormatter, Transport, TransportConfig};
 
@@ -486,17 +488,8 @@ impl RmaDevice for OfiDevice {
         src: *const u8,
         len: usize,
     ) -> Result<()> {
-        if len > EAGER_MAX {
-            return Err(Error::Internal(format!(
-                "eager message of {len} bytes (at most {EAGER_MAX})"
-            )));
-        }
-        let payload = if len == 0 {
-            &[][..]
-        } else {
-            // SAFETY: `src` is valid for `len` reads by contract.
-            unsafe { std::slice::from_raw_parts(src, len) }
-        };
+        // SAFETY: `src` is valid for `len` reads by contract.
+        let payload = unsafe { eager_payload(src, len, EAGER_MAX)? };
         let h = Header::new(Kind::Eager, slot, idx, tag, len as u64);
         self.send(peer, &h, payload)
     }

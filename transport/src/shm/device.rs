@@ -16,7 +16,7 @@ use ampccl_runtime::{Error, Result};
 
 use super::layout::*;
 use super::segment::Segment;
-use crate::device::{CtsEntry, EagerHeader, IMM_ERROR, OpRecord, RmaDevice};
+use crate::device::{CtsEntry, EagerHeader, IMM_ERROR, OpRecord, RmaDevice, eager_payload};
 use crate::shm::cma;
 use crate::shm::shared::{self, PeerMaps};
 
@@ -382,19 +382,20 @@ impl RmaDevice for ShmDevice {
         src: *const u8,
         len: usize,
     ) -> Result<()> {
-        if len > EAGER_MAX {
-            return Err(Error::Internal(format!(
-                "eager message of {len} bytes (at most {EAGER_MAX})"
-            )));
-        }
+        // SAFETY: `src` is valid for `len` reads by contract.
+        let payload = unsafe { eager_payload(src, len, EAGER_MAX)? };
         let v = &self.views[peer];
         let off = self.layout.eager(self.rank, slot);
-        if len > 0 {
-            // SAFETY: the slot lies inside the peer's mapping (layout) and holds EAGER_MAX
-            // payload bytes; the receiver reads it only after seeing `idx` below and returns it
-            // (credit) before we may write it again; `src` is valid by contract.
-            unsafe { std::ptr::copy_nonoverlapping(src, v.base.add(off + EAGER_HEADER), len) };
-        }
+        // SAFETY: the slot lies inside the peer's mapping (layout) and holds EAGER_MAX payload
+        // bytes (checked above); the receiver reads it only after seeing `idx` below and
+        // returns it (credit) before we may write it again.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                payload.as_ptr(),
+                v.base.add(off + EAGER_HEADER),
+                payload.len(),
+            )
+        };
         v.u32(off + 4).store(tag, Ordering::Relaxed);
         v.u32(off + 8).store(len as u32, Ordering::Relaxed);
         v.u32(off).store(idx, Ordering::Release);

@@ -19,7 +19,9 @@ use super::peer::{Peer, PendingRead, Region, lock};
 use super::reader::{self, Handback, Inbox};
 use super::stripe::{self, NSOCKS, STRIPE_MIN};
 use crate::bootstrap::Bootstrap;
-use crate::device::{CTS_READ, CtsEntry, EagerHeader, IMM_ERROR, OpRecord, RmaDevice};
+use crate::device::{
+    CTS_READ, CtsEntry, EagerHeader, IMM_ERROR, OpRecord, RmaDevice, eager_payload,
+};
 use crate::oplog::OpLog;
 use crate::transport::{OpFormatter, Transport, TransportConfig};
 
@@ -566,19 +568,10 @@ impl RmaDevice for TcpDevice {
         src: *const u8,
         len: usize,
     ) -> Result<()> {
-        if len > EAGER_MAX {
-            return Err(Error::Internal(format!(
-                "eager message of {len} bytes (at most {EAGER_MAX})"
-            )));
-        }
         let mut h = Header::new(Kind::Eager);
         (h.slot, h.a, h.b, h.len) = (slot as u32, idx, tag, len as u64);
-        let payload = if len == 0 {
-            &[][..]
-        } else {
-            // SAFETY: `src` is valid for `len` reads by contract.
-            unsafe { std::slice::from_raw_parts(src, len) }
-        };
+        // SAFETY: `src` is valid for `len` reads by contract.
+        let payload = unsafe { eager_payload(src, len, EAGER_MAX)? };
         self.peer(peer).send(&h, payload)
     }
 
