@@ -383,6 +383,9 @@ ofi_tests!(Libfabric::System("shm"), "allreduce_mixed": ofi_shm_allreduce_mixed_
 ofi_tests!(Libfabric::System("shm"), "allgather": ofi_shm_allgather_w3 = 3);
 ofi_tests!(Libfabric::IntelMpi("tcp"), "allreduce_mixed": ofi2_tcp_allreduce_mixed_w2 = 2);
 ofi_tests!(Libfabric::IntelMpi("tcp"), "all_to_all": ofi2_tcp_all_to_all_w2 = 2);
+// 3 ranks: messages from two peers at once (their receives are posted for any sender).
+ofi_tests!(Libfabric::IntelMpi("tcp"), "allgather": ofi2_tcp_allgather_w3 = 3);
+ofi_tests!(Libfabric::IntelMpi("tcp"), "sendrecv": ofi2_tcp_sendrecv_w3 = 3);
 
 /// Over `ofi`, the 2-rank pairs: reads of the peer's offered memory (`fi_read`).
 #[test]

@@ -12,7 +12,7 @@ use ampccl_runtime::{Error, Result};
 use rand::TryRngCore;
 
 use super::fabric::Endpoint;
-use super::state::{PeerState, RECVS, State};
+use super::state::{self, PeerState, State};
 use super::sys::{self, Lib};
 use super::wire::{self, Header, Kind};
 use crate::bootstrap::Bootstrap;
@@ -140,14 +140,12 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<OfiDevice>
     let caps = ep.caps.clone();
     let wait_fd = ep.wait_fd();
     let version = ep.version();
-    let mut state = State::new(ep, peers, cfg.fifo_depth, EAGER_MAX);
-    for peer in (0..world).filter(|&r| r != rank) {
-        for _ in 0..RECVS {
-            let buf = vec![0u8; wire::HEADER + EAGER_MAX.max(wire::MAX_TEXT)].into_boxed_slice();
-            state
-                .post_recv(peer, buf)
-                .map_err(|e| setup_err(&format!("post a receive: {e}")))?;
-        }
+    let mut state = State::new(ep, rank, peers, cfg.fifo_depth, EAGER_MAX);
+    for _ in 0..state::recvs(world - 1) {
+        let buf = vec![0u8; wire::HEADER + EAGER_MAX.max(wire::MAX_TEXT)].into_boxed_slice();
+        state
+            .post_recv(buf)
+            .map_err(|e| setup_err(&format!("post a receive: {e}")))?;
     }
     // Every rank's receives are posted before anyone sends.
     boot.barrier(TAG_READY)?;

@@ -72,8 +72,8 @@ unsafe fn close(fid: *mut Fid) {
     }
 }
 
-/// The provider descriptions of `fi_getinfo` for reliable-datagram endpoints with messages,
-/// RMA and directed receives (and `provider`'s only, if given): the first one that carries at
+/// The provider descriptions of `fi_getinfo` for reliable-datagram endpoints with messages
+/// and RMA (and `provider`'s only, if given): the first one that carries at
 /// least 4 bytes of remote completion data.
 fn getinfo(lib: &Lib, provider: Option<&str>) -> Result<*mut sys::Info, String> {
     // SAFETY: fi_dupinfo(NULL) allocates zeroed hints with all attribute structs (what
@@ -86,7 +86,7 @@ fn getinfo(lib: &Lib, provider: Option<&str>) -> Result<*mut sys::Info, String> 
     // is malloc'ed so that fi_freeinfo may free it.
     unsafe {
         let h = &mut *hints;
-        h.caps = sys::FI_MSG | sys::FI_RMA | sys::FI_DIRECTED_RECV;
+        h.caps = sys::FI_MSG | sys::FI_RMA;
         h.mode = sys::FI_CONTEXT | sys::FI_CONTEXT2;
         (*h.ep_attr).ep_type = sys::FI_EP_RDM;
         let d = &mut *h.domain_attr;

@@ -5,7 +5,7 @@
 //!
 //! libfabric is loaded at run time ([`sys`]): without it the provider reports no device. Rank 0
 //! picks the libfabric provider (`AMPCCL_OFI_PROVIDER`, else the first with reliable datagrams,
-//! RMA, directed receives and at least 4 bytes of remote completion data), every rank opens an
+//! RMA and at least 4 bytes of remote completion data), every rank opens an
 //! endpoint of it ([`fabric`]) and the ranks swap endpoint addresses through the bootstrap.
 //!
 //! The receiver-driven protocol maps onto it as on an RDMA NIC:
@@ -20,7 +20,7 @@
 //!   completes once both are in, whatever order the provider delivered them in, and the
 //!   region's registration closes;
 //! - eager messages, credits, acks and failure notes are messages into receives posted for
-//!   each peer (directed receives: a message counts only for the peer it came from).
+//!   any sender; each message names its sender's rank (a message naming no peer is dropped).
 //!
 //! All libfabric calls happen under one lock ([`state`]). Every poll of the device reads the
 //! completion queue, which drives the provider: libfabric 1.17's `tcp;ofi_rxm` and `shm` make

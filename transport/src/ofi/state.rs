@@ -20,9 +20,16 @@ use super::sys::{self, Context2, FiAddr};
 use super::wire::{self, Header, Kind};
 use crate::device::CtsEntry;
 
-/// Receives kept posted per peer (a message beyond them waits in the provider's unexpected
-/// queue, so the number only bounds the copies in flight).
+/// Receives kept posted per peer, up to [`RECVS_MAX`] in all (a message beyond them waits in
+/// the provider's unexpected queue, so the number only bounds the copies in flight).
 pub const RECVS: usize = 32;
+/// Most receives kept posted.
+pub const RECVS_MAX: usize = 256;
+
+/// How many receives a rank with `peers` peers keeps posted.
+pub fn recvs(peers: usize) -> usize {
+    (RECVS * peers).clamp(RECVS, RECVS_MAX)
+}
 /// How long a peer may take no operation of ours (the provider says busy, as `tcp;ofi_rxm`
 /// does while it fails to reconnect to a peer that is gone) before it counts as unreachable.
 /// The progress thread's liveness messages make this the time to notice a dead peer.
@@ -132,8 +139,8 @@ impl PeerState {
 /// What a posted operation is: what it needs to be posted (again, after the provider said
 /// it was busy) and, at its completion, what to do.
 enum What {
-    /// A receive from `peer` into `buf`.
-    Recv { peer: usize, buf: Box<[u8]> },
+    /// A receive from any peer into `buf`.
+    Recv { buf: Box<[u8]> },
     /// A message to `peer`; the buffer lives until sent.
     Send { peer: usize, buf: Vec<u8> },
     /// A data write of `[src, src+len)` to `peer`'s `(key, addr)` with completion `data`.
@@ -153,12 +160,13 @@ enum What {
 }
 
 impl What {
-    fn peer(&self) -> usize {
+    /// The peer the operation goes to (none for a receive).
+    fn peer(&self) -> Option<usize> {
         match *self {
-            What::Recv { peer, .. }
-            | What::Send { peer, .. }
-            | What::Write { peer, .. }
-            | What::Read { peer, .. } => peer,
+            What::Recv { .. } => None,
+            What::Send { peer, .. } | What::Write { peer, .. } | What::Read { peer, .. } => {
+                Some(peer)
+            }
         }
     }
 
@@ -172,7 +180,7 @@ impl What {
         // SAFETY: as the function's contract says.
         unsafe {
             match self {
-                What::Recv { buf, .. } => ep.recv(buf.as_ptr().cast_mut(), buf.len(), to, ctx),
+                What::Recv { buf } => ep.recv(buf.as_ptr().cast_mut(), buf.len(), to, ctx),
                 What::Send { buf, .. } => ep.send(buf.as_ptr(), buf.len(), to, ctx),
                 &What::Write {
                     src,
@@ -206,6 +214,8 @@ pub struct State {
     backlog: VecDeque<(usize, Op)>,
     /// Reads completed, by context address, until their waiter takes them.
     reads_done: Vec<usize>,
+    /// Our rank, which every message names.
+    rank: usize,
     pub depth: usize,
     pub eager_max: usize,
     pub ep: Endpoint,
@@ -218,6 +228,7 @@ unsafe impl Send for State {}
 impl State {
     pub fn new(
         ep: Endpoint,
+        rank: usize,
         peers: Vec<Option<PeerState>>,
         depth: usize,
         eager_max: usize,
@@ -227,6 +238,7 @@ impl State {
             ops: HashMap::new(),
             backlog: VecDeque::new(),
             reads_done: Vec::new(),
+            rank,
             depth,
             eager_max,
             ep,
@@ -239,22 +251,30 @@ impl State {
             .expect("a link connects two distinct ranks")
     }
 
+    /// Where `what` goes (any source for a receive), or why it cannot: its peer is dead.
+    fn target(&mut self, what: &What) -> Result<FiAddr, String> {
+        let Some(peer) = what.peer() else {
+            return Ok(sys::FI_ADDR_UNSPEC);
+        };
+        let p = self.peer(peer);
+        match &p.dead {
+            Some(why) => Err(format!("the peer {why}")),
+            None => Ok(p.addr),
+        }
+    }
+
     /// Posts `what` with a fresh context (the context's address identifies it); when the
     /// provider is busy, or earlier operations to the same peer wait, it waits in the backlog
     /// that [`State::progress`] retries.
     fn post(&mut self, what: What) -> Result<usize, String> {
-        let peer = what.peer();
         let mut op = Op {
             ctx: Box::default(),
             what,
         };
         let key = &mut *op.ctx as *mut Context2 as usize;
-        let p = self.peer(peer);
-        if let (Some(why), false) = (&p.dead, matches!(op.what, What::Recv { .. })) {
-            return Err(format!("the peer {why}"));
-        }
-        if p.backlogged == 0 {
-            let to = p.addr;
+        let to = self.target(&op.what)?;
+        let peer = op.what.peer();
+        if peer.is_none_or(|p| self.peer(p).backlogged == 0) {
             // SAFETY: the op table or the backlog owns the buffer and context from here on.
             let rc = unsafe { op.what.post(&self.ep, to, key as *mut c_void) };
             if rc == 0 {
@@ -264,9 +284,13 @@ impl State {
             if rc != -sys::FI_EAGAIN {
                 return Err(self.ep.strerror(rc as i64));
             }
-            self.peer(peer).stuck_since = Some(Instant::now());
+            if let Some(p) = peer {
+                self.peer(p).stuck_since = Some(Instant::now());
+            }
         }
-        self.peer(peer).backlogged += 1;
+        if let Some(p) = peer {
+            self.peer(p).backlogged += 1;
+        }
         self.backlog.push_back((key, op));
         Ok(key)
     }
@@ -278,23 +302,22 @@ impl State {
         for _ in 0..self.backlog.len() {
             let (key, op) = self.backlog.pop_front().expect("counted");
             let peer = op.what.peer();
-            let to = self.peer(peer).addr;
-            let rc = if self.peer(peer).dead.is_some() {
-                -(libc::ECONNRESET as isize)
-            } else if blocked.contains(&peer) {
-                -sys::FI_EAGAIN
-            } else {
+            let rc = match self.target(&op.what) {
+                Err(_) => -(libc::ECONNRESET as isize),
+                Ok(_) if blocked.contains(&peer) => -sys::FI_EAGAIN,
                 // SAFETY: as in `post`.
-                unsafe { op.what.post(&self.ep, to, key as *mut c_void) }
+                Ok(to) => unsafe { op.what.post(&self.ep, to, key as *mut c_void) },
             };
             if rc == -sys::FI_EAGAIN {
                 blocked.push(peer);
                 self.backlog.push_back((key, op));
                 continue;
             }
-            let p = self.peer(peer);
-            p.backlogged -= 1;
-            p.stuck_since = (p.backlogged > 0).then(Instant::now);
+            if let Some(peer) = peer {
+                let p = self.peer(peer);
+                p.backlogged -= 1;
+                p.stuck_since = (p.backlogged > 0).then(Instant::now);
+            }
             if rc == 0 {
                 self.ops.insert(key, op);
             } else {
@@ -313,15 +336,15 @@ impl State {
         }
     }
 
-    /// Posts one receive from `peer` into `buf`.
-    pub fn post_recv(&mut self, peer: usize, buf: Box<[u8]>) -> Result<(), String> {
-        self.post(What::Recv { peer, buf }).map(drop)
+    /// Posts one receive from any peer into `buf`.
+    pub fn post_recv(&mut self, buf: Box<[u8]>) -> Result<(), String> {
+        self.post(What::Recv { buf }).map(drop)
     }
 
     /// Sends `h` with `payload` to `peer`, in one batch with the messages deferred to it when
     /// they fit together.
     pub fn send(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
-        let msg = h.encode(payload);
+        let msg = h.encode(self.rank, payload);
         let batch_max = self.eager_max;
         let p = self.peer(peer);
         if p.deferred.is_empty() {
@@ -337,7 +360,7 @@ impl State {
 
     /// Defers `h` with `payload` to `peer` (see [`PeerState::deferred`]).
     pub fn defer(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
-        let msg = h.encode(payload);
+        let msg = h.encode(self.rank, payload);
         if self.peer(peer).deferred.len() + 4 + msg.len() > self.eager_max {
             self.flush_peer(peer)?;
         }
@@ -351,7 +374,7 @@ impl State {
         if batch.is_empty() {
             return Ok(());
         }
-        let buf = Header::new(Kind::Batch, 0, 0, 0, 0).encode(&batch);
+        let buf = Header::new(Kind::Batch, 0, 0, 0, 0).encode(self.rank, &batch);
         self.post(What::Send { peer, buf }).map(drop)
     }
 
@@ -454,17 +477,31 @@ impl State {
         }
     }
 
-    /// An error completion of the operation with context `key`: its peer is unreachable.
+    /// An error completion of the operation with context `key`: its peer is unreachable (a
+    /// receive's buffer is posted again: it names no peer).
     fn failed(&mut self, key: usize, why: String) {
         let Some(op) = self.ops.remove(&key) else {
             tracing::warn!("ofi: an error completion of no operation of ours: {why}");
             return;
         };
-        let peer = op.what.peer();
+        let Some(peer) = op.what.peer() else {
+            tracing::warn!("ofi: a receive failed: {why}");
+            if let What::Recv { buf } = op.what {
+                self.repost(buf);
+            }
+            return;
+        };
         if matches!(op.what, What::Write { .. } | What::Read { .. }) {
             self.peer(peer).in_flight -= 1;
         }
         self.peer(peer).kill(format!("is unreachable: {why}"));
+    }
+
+    /// Posts a completed receive's buffer again.
+    fn repost(&mut self, buf: Box<[u8]>) {
+        if let Err(why) = self.post_recv(buf) {
+            tracing::warn!("ofi: cannot post a receive again: {why}");
+        }
     }
 
     /// Applies one completion.
@@ -484,16 +521,9 @@ impl State {
                 self.peer(peer).in_flight -= 1;
                 self.reads_done.push(key);
             }
-            What::Recv { peer, buf } => {
-                let msg = &buf[..len.min(buf.len())];
-                if let Err(why) = self.receive(peer, msg) {
-                    self.peer(peer).kill(why);
-                }
-                // Reposted even for a dead peer: the receive is only a buffer.
-                if let Err(why) = self.post_recv(peer, buf) {
-                    self.peer(peer)
-                        .kill(format!("cannot post a receive: {why}"));
-                }
+            What::Recv { buf } => {
+                self.receive(&buf[..len.min(buf.len())]);
+                self.repost(buf);
             }
         }
         drop(op.ctx);
@@ -517,9 +547,24 @@ impl State {
         p.complete(slot);
     }
 
-    /// Checks and applies a message from `peer` (each message of a batch in turn); what is
-    /// wrong with it.
-    fn receive(&mut self, peer: usize, msg: &[u8]) -> Result<(), String> {
+    /// Checks and applies a received message: a peer whose message is wrong is cut off; one
+    /// that names no peer of ours is dropped (nobody to blame for it).
+    fn receive(&mut self, msg: &[u8]) {
+        let sender = wire::decode(msg, self.depth, self.eager_max)
+            .ok()
+            .map(|(h, _)| h.from as usize)
+            .filter(|&r| self.peers.get(r).is_some_and(Option::is_some));
+        let Some(peer) = sender else {
+            tracing::warn!("ofi: dropped a message of {} bytes from no peer", msg.len());
+            return;
+        };
+        if let Err(why) = self.receive_from(peer, msg) {
+            self.peer(peer).kill(why);
+        }
+    }
+
+    /// Applies a message from `peer` (each message of a batch in turn); what is wrong with it.
+    fn receive_from(&mut self, peer: usize, msg: &[u8]) -> Result<(), String> {
         let (h, payload) =
             wire::decode(msg, self.depth, self.eager_max).map_err(|w| format!("sent {w}"))?;
         if h.kind != Kind::Batch {
@@ -530,6 +575,9 @@ impl State {
         for inner in wire::split_batch(payload).map_err(|w| format!("sent {w}"))? {
             let (h, payload) =
                 wire::decode(inner, self.depth, self.eager_max).map_err(|w| format!("sent {w}"))?;
+            if h.from as usize != peer {
+                return Err(format!("sent a batch naming rank {} inside", h.from));
+            }
             self.deliver(peer, &h, payload)
                 .map_err(|w| format!("protocol violation: {w}"))?;
         }

@@ -25,7 +25,6 @@ pub const FI_SEND: u64 = 1 << 11;
 pub const FI_REMOTE_READ: u64 = 1 << 12;
 pub const FI_REMOTE_WRITE: u64 = 1 << 13;
 pub const FI_REMOTE_CQ_DATA: u64 = 1 << 17;
-pub const FI_DIRECTED_RECV: u64 = 1 << 59;
 /// Operation modes the provider honours: every operation gets a `fi_context2`-sized context.
 pub const FI_CONTEXT: u64 = 1 << 59;
 pub const FI_CONTEXT2: u64 = 1 << 52;

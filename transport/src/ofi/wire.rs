@@ -1,8 +1,11 @@
 //! The control messages the `ofi` provider sends as two-sided messages (`fi_send` into the
 //! peer's pre-posted receives), and the 32-bit remote completion data of its data writes.
 //!
-//! A message is a 32-byte header (kind, slot, two words, one 64-bit value, all little-endian)
-//! followed by the payload of a clear-to-send entry, an eager message or a failure text.
+//! A message is a 32-byte header (kind, slot, two words, one 64-bit value, the sender's rank,
+//! all little-endian) followed by the payload of a clear-to-send entry, an eager message or a
+//! failure text. Messages land in receives posted for any sender (not every provider matches
+//! directed receives right: libfabric 2.x's `tcp` delivered one peer's messages into the
+//! receives of another from 3 ranks on), so the header names the sender.
 //! Decoding validates everything a peer controls (kind, slot against the FIFO depth, payload
 //! length against the kind and against what arrived) and names what is wrong; the device turns
 //! that into a connection error naming the peer.
@@ -46,6 +49,8 @@ pub struct Header {
     pub a: u32,
     pub b: u32,
     pub value: u64,
+    /// The sending rank (set by [`Header::encode`]'s caller, checked by the receiver).
+    pub from: u32,
 }
 
 impl Header {
@@ -56,18 +61,20 @@ impl Header {
             a,
             b,
             value,
+            from: 0,
         }
     }
 
-    /// The header followed by `payload`, as sent.
-    pub fn encode(&self, payload: &[u8]) -> Vec<u8> {
+    /// The header followed by `payload`, as rank `from` sends it.
+    pub fn encode(&self, from: usize, payload: &[u8]) -> Vec<u8> {
         let mut m = Vec::with_capacity(HEADER + payload.len());
         m.extend_from_slice(&(self.kind as u32).to_le_bytes());
         m.extend_from_slice(&self.slot.to_le_bytes());
         m.extend_from_slice(&self.a.to_le_bytes());
         m.extend_from_slice(&self.b.to_le_bytes());
         m.extend_from_slice(&self.value.to_le_bytes());
-        m.extend_from_slice(&[0u8; 8]);
+        m.extend_from_slice(&(from as u32).to_le_bytes());
+        m.extend_from_slice(&[0u8; 4]);
         m.extend_from_slice(payload);
         m
     }
@@ -100,6 +107,7 @@ pub fn decode(msg: &[u8], depth: usize, eager_max: usize) -> Result<(Header, &[u
         a: u32_at(8),
         b: u32_at(12),
         value: u64::from_le_bytes(msg[16..24].try_into().expect("8 bytes")),
+        from: u32_at(24),
     };
     let payload = &msg[HEADER..];
     let slotted = matches!(kind, Kind::Cts | Kind::Imm | Kind::Eager | Kind::Credit);
@@ -209,20 +217,20 @@ mod tests {
             tag: 9,
             idx: 5,
         };
-        let m = Header::new(Kind::Cts, 3, 0, 0, 42).encode(&encode_cts(&e));
+        let m = Header::new(Kind::Cts, 3, 0, 0, 42).encode(7, &encode_cts(&e));
         let (h, p) = decode(&m, 4, 16).unwrap();
-        assert_eq!((h.kind, h.slot, h.value), (Kind::Cts, 3, 42));
+        assert_eq!((h.kind, h.slot, h.value, h.from), (Kind::Cts, 3, 42, 7));
         assert_eq!(decode_cts(p), e);
         assert!(decode(&m, 3, 16).unwrap_err().contains("slot 3"));
         assert!(decode(&m[..HEADER + 4], 4, 16).is_err());
-        let eager = Header::new(Kind::Eager, 0, 1, 2, 17).encode(&[0; 17]);
+        let eager = Header::new(Kind::Eager, 0, 1, 2, 17).encode(0, &[0; 17]);
         assert!(decode(&eager, 4, 16).unwrap_err().contains("at most 16"));
         assert!(decode(&eager[..10], 4, 32).is_err());
-        let mut unknown = Header::new(Kind::Ack, 0, 0, 0, 0).encode(&[]);
+        let mut unknown = Header::new(Kind::Ack, 0, 0, 0, 0).encode(0, &[]);
         unknown[0] = 99;
         assert!(decode(&unknown, 4, 16).unwrap_err().contains("kind 99"));
         assert_eq!(parse_write_data(write_data(513, 255)), (513, 255));
-        let ack = Header::new(Kind::Ack, 0, 0, 0, 0).encode(&[]);
+        let ack = Header::new(Kind::Ack, 0, 0, 0, 0).encode(0, &[]);
         let mut batch = Vec::new();
         push_batch(&mut batch, &ack);
         push_batch(&mut batch, &m);
@@ -231,7 +239,7 @@ mod tests {
         let mut nested = Vec::new();
         push_batch(
             &mut nested,
-            &Header::new(Kind::Batch, 0, 0, 0, 0).encode(&batch),
+            &Header::new(Kind::Batch, 0, 0, 0, 0).encode(0, &batch),
         );
         assert!(split_batch(&nested).unwrap_err().contains("inside"));
     }
