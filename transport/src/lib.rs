@@ -12,6 +12,7 @@
 pub mod bootstrap;
 pub mod device;
 pub mod eager;
+pub mod handback;
 pub mod link;
 pub mod mixed;
 pub mod ofi;

@@ -19,6 +19,7 @@ use crate::bootstrap::Bootstrap;
 use crate::device::{
     CTS_READ, CtsEntry, EagerHeader, IMM_ERROR, OpRecord, RmaDevice, eager_payload,
 };
+use crate::handback::{Handback, PollMark};
 use crate::oplog::OpLog;
 use crate::transport::{OpFormatter, Transport, TransportConfig};
 
@@ -30,6 +31,10 @@ pub const EAGER_MAX: usize = 4096;
 const PING_EVERY: Duration = Duration::from_millis(300);
 /// Longest sleep of the progress thread on the completion queue's descriptor.
 const IDLE_WAIT_MS: i32 = 100;
+/// How often the progress thread looks whether the engine still polls, while it does (with
+/// manual progress, a peer's writes move only while somebody reads our queue: an engine busy
+/// elsewhere leaves them to the thread after [`crate::handback::ENGINE_GRACE`] and this).
+const ENGINE_RECHECK_MS: i32 = 1;
 /// How long closing waits for our last messages to leave.
 const FLUSH_WAIT: Duration = Duration::from_millis(500);
 /// Bootstrap tags of the set-up exchanges.
@@ -60,6 +65,10 @@ pub struct OfiDevice {
     wait_fd: Option<i32>,
     virt_addr: bool,
     bell: Doorbell,
+    /// The engine's polls of the endpoint, and its word before it sleeps
+    /// ([`crate::handback`]): the progress thread reads the queue only while nobody polls.
+    polled: PollMark,
+    handback: Handback,
     window: HostBuffer,
     failed: AtomicBool,
     ops: OpLog,
@@ -173,6 +182,8 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<OfiDevice>
         wait_fd,
         virt_addr: caps.virt_addr,
         bell: Doorbell::new(),
+        polled: PollMark::default(),
+        handback: Handback::new().map_err(|e| Error::system("ofi: eventfd", e))?,
         window: HostBuffer::zeroed(cfg.window),
         failed: AtomicBool::new(false),
         ops: OpLog::default(),
@@ -212,34 +223,42 @@ fn hostname() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
-/// Blocks until the completion queue's descriptor is readable or `ms` pass (without one, a
-/// sleep of at most a millisecond: the provider then only moves when polled).
-fn block(fd: Option<i32>, ms: i32) {
-    match fd {
-        Some(fd) => {
-            let mut p = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd; a descriptor closed meanwhile only makes poll return.
-            unsafe { libc::poll(&mut p, 1, ms) };
-        }
-        None => std::thread::sleep(Duration::from_millis(ms.clamp(0, 1) as u64)),
-    }
+/// Blocks until the completion queue's descriptor `cq` or `also` is readable or `ms` pass
+/// (without a queue descriptor, a sleep of at most a millisecond: the provider then only
+/// moves when polled).
+fn block(cq: Option<i32>, also: Option<i32>, ms: i32) {
+    let mut fds: Vec<libc::pollfd> = [cq, also]
+        .into_iter()
+        .flatten()
+        .map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = if cq.is_some() { ms } else { ms.clamp(0, 1) };
+    // SAFETY: valid pollfds; a descriptor closed meanwhile only makes poll return.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
 }
 
-/// Drives the endpoint while nobody else does: reads completions (so that peers' writes land
-/// and the engine's waiters wake: it rings the doorbell when something arrived), sends the
-/// liveness messages, and otherwise blocks on the completion queue's descriptor.
+/// Drives the endpoint while the engine does not: reads completions (so that peers' writes
+/// land and the engine's waiters wake: it rings the doorbell when something arrived) and
+/// otherwise blocks on the completion queue's descriptor and the engine's [`Handback`]. While
+/// the engine polls the endpoint itself, the thread leaves the queue alone and waits for the
+/// engine's word. Either way it sends the liveness messages.
 fn progress_thread(dev: Weak<OfiDevice>) {
     let mut last_ping = Instant::now();
     loop {
         let Some(d) = dev.upgrade() else { return };
-        let (any, may_block) = {
+        d.handback.take();
+        let ping = last_ping.elapsed() >= PING_EVERY;
+        let engine = d.polled.recent();
+        let (any, may_block) = if engine && !ping {
+            (false, true)
+        } else {
             let mut s = d.lock();
-            let any = s.progress();
-            if last_ping.elapsed() >= PING_EVERY {
+            let any = !engine && s.progress();
+            if ping {
                 last_ping = Instant::now();
                 for peer in (0..s.peers.len()).filter(|&p| p != d.rank) {
                     if s.peer(peer).dead.is_none()
@@ -249,15 +268,19 @@ fn progress_thread(dev: Weak<OfiDevice>) {
                     }
                 }
             }
-            (any, !any && s.ep.trywait())
+            (any, engine || (!any && s.ep.trywait()))
         };
         if any {
             d.bell.ring();
         }
-        let fd = d.wait_fd;
+        let (cq, word) = (d.wait_fd, d.handback.fd());
         drop(d);
         if may_block {
-            block(fd, IDLE_WAIT_MS);
+            if engine {
+                block(None, Some(word), ENGINE_RECHECK_MS);
+            } else {
+                block(cq, Some(word), IDLE_WAIT_MS);
+            }
         }
     }
 }
@@ -267,8 +290,9 @@ impl OfiDevice {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The state after reading the completions ready.
+    /// The state after reading the completions ready (an engine's poll).
     fn polled(&self) -> MutexGuard<'_, State> {
+        self.polled.mark();
         let mut s = self.lock();
         s.progress();
         s
@@ -289,6 +313,7 @@ impl OfiDevice {
     ) -> Result<()> {
         let deadline = Instant::now() + self.timeout;
         loop {
+            self.polled.mark();
             let may_block = {
                 let mut s = self.lock();
                 let any = s.progress();
@@ -308,7 +333,7 @@ impl OfiDevice {
                 )));
             }
             if may_block {
-                block(self.wait_fd, 1);
+                block(self.wait_fd, None, 1);
             }
         }
     }
@@ -579,7 +604,7 @@ impl Drop for OfiDevice {
                 break;
             }
             drop(s);
-            block(self.wait_fd, 1);
+            block(self.wait_fd, None, 1);
         }
     }
 }
@@ -622,6 +647,11 @@ impl Transport for OfiDevice {
     }
     fn flush(&self) {
         self.lock().flush();
+    }
+    fn driver_sleeps(&self) {
+        if self.polled.stop() {
+            self.handback.give();
+        }
     }
     fn check_peers_failed(&self) -> Result<()> {
         let s = self.lock();

@@ -16,12 +16,13 @@ use rand::TryRngCore;
 
 use super::frame::{self, Header, Kind, MAX_TEXT};
 use super::peer::{Peer, PendingRead, Region, lock};
-use super::reader::{self, Handback, Inbox};
+use super::reader::{self, Inbox};
 use super::stripe::{self, NSOCKS, STRIPE_MIN};
 use crate::bootstrap::Bootstrap;
 use crate::device::{
     CTS_READ, CtsEntry, EagerHeader, IMM_ERROR, OpRecord, RmaDevice, eager_payload,
 };
+use crate::handback::Handback;
 use crate::oplog::OpLog;
 use crate::transport::{OpFormatter, Transport, TransportConfig};
 
@@ -372,7 +373,7 @@ impl TcpDevice {
     /// unless its receiving thread is at it (see [`super::reader`]).
     fn polled(&self, peer: usize) -> &Peer {
         let p = self.peer(peer);
-        p.mark_polled();
+        p.polled.mark();
         // Connections 1.. carry only stripes: polled while a region may receive some.
         let n = if p.wide_open.load(Ordering::Acquire) > 0 {
             self.nsocks
@@ -670,7 +671,7 @@ impl Transport for TcpDevice {
         // and again costs the thread nothing.
         let mut polled = false;
         for p in self.peers.iter().flatten() {
-            polled |= p.stop_polling();
+            polled |= p.polled.stop();
         }
         if polled {
             self.handback.give();

@@ -28,11 +28,7 @@ use ampccl_runtime::{Error, Result};
 use super::frame::{HEADER, Header};
 use super::stripe::{Job, SendPath};
 use crate::device::{CtsEntry, EagerHeader};
-
-/// How long after the engine's last poll of a peer its receiving thread still leaves that
-/// peer's readable sockets to the engine (see [`super::reader`]), unless the engine said it
-/// stopped ([`Peer::stop_polling`]).
-pub const ENGINE_GRACE: std::time::Duration = std::time::Duration::from_micros(200);
+use crate::handback::PollMark;
 
 /// One eager slot: the inbox fills it while it is empty ([`EagerSlot::put`]), the protocol
 /// reads it once its index shows ([`EagerSlot::peek`], [`EagerSlot::read`]) and empties it
@@ -208,9 +204,8 @@ pub(super) struct Peer {
     /// The failure the peer reported, once it did.
     pub failed: Mutex<Option<String>>,
     pub any_down: AtomicBool,
-    /// When the engine last polled this peer (ns since `epoch`).
-    polled: AtomicU64,
-    epoch: std::time::Instant,
+    /// When the engine last polled this peer (its receiving thread leaves it alone then).
+    pub polled: PollMark,
     /// "rank 3 (pid 123 on host-b)".
     pub desc: String,
 }
@@ -247,8 +242,7 @@ impl Peer {
             dead: Mutex::new(None),
             failed: Mutex::new(None),
             any_down: AtomicBool::new(false),
-            polled: AtomicU64::new(0),
-            epoch: std::time::Instant::now(),
+            polled: PollMark::default(),
             desc,
         }
     }
@@ -402,32 +396,6 @@ impl Peer {
         self.path
             .send(&mut [Job::new(s.as_raw_fd(), bufs)])
             .map_err(|e| self.lost(e))
-    }
-
-    /// Records that the engine polls this peer now.
-    pub fn mark_polled(&self) {
-        let now = self.epoch.elapsed().as_nanos() as u64;
-        self.polled.store(now.max(1), Ordering::Release);
-    }
-
-    /// Records that the engine stopped polling this peer (its driver goes to sleep); true if
-    /// it had polled it since the last call.
-    pub fn stop_polling(&self) -> bool {
-        self.polled.swap(0, Ordering::AcqRel) != 0
-    }
-
-    /// Marks the peer polled until [`Peer::stop_polling`], however long that takes (tests).
-    #[cfg(test)]
-    pub fn poll_until_stopped(&self) {
-        self.polled.store(u64::MAX, Ordering::Release);
-    }
-
-    /// Whether the engine polled this peer less than [`ENGINE_GRACE`] ago and has not stopped.
-    pub fn polled_recently(&self) -> bool {
-        let at = self.polled.load(Ordering::Acquire);
-        at != 0
-            && (self.epoch.elapsed().as_nanos() as u64).saturating_sub(at)
-                < ENGINE_GRACE.as_nanos() as u64
     }
 
     /// The peer's failure or loss, as the error a waiter reports.

@@ -29,6 +29,7 @@ use ampccl_runtime::{Error, Result};
 
 use super::frame::{self, CTS_BYTES, HEADER, Header, Kind, MAX_TEXT, bad};
 use super::peer::{Peer, lock};
+use crate::handback::Handback;
 
 /// Bytes of the receive buffer: many small frames per `recv`; at least a header and the
 /// largest payload that is taken whole (an eager message, a failure text).
@@ -90,10 +91,10 @@ pub(super) type Watched = (RawFd, Arc<Mutex<Inbox>>, Arc<Peer>);
 /// stops polling that peer: the engine applies what arrives itself, and a thread woken for
 /// every message would take a core from it on a small host. The engine's driver says so
 /// through `handback` right before it sleeps (after clearing the peers' poll marks,
-/// [`Peer::stop_polling`]), and the thread re-arms the parked sockets at once; what arrived
+/// [`crate::handback::PollMark::stop`]), and the thread re-arms the parked sockets at once; what arrived
 /// meanwhile is reported then (level-triggered), so a message after the driver's last look
 /// rings the doorbell it sleeps on. Without that word the thread looks every `recheck` whether
-/// a peer went unpolled for [`super::peer::ENGINE_GRACE`]; it does not wake while the engine
+/// a peer went unpolled for [`crate::handback::ENGINE_GRACE`]; it does not wake while the engine
 /// polls.
 pub(super) fn run(conns: Vec<Watched>, bell: Doorbell, handback: Arc<Handback>, recheck: Duration) {
     let fail_all = |why: Error| {
@@ -114,7 +115,7 @@ pub(super) fn run(conns: Vec<Watched>, bell: Doorbell, handback: Arc<Handback>, 
         // what arrived meanwhile is reported at once).
         let mut any_parked = false;
         for (i, (fd, _, peer)) in conns.iter().enumerate() {
-            if parked[i] && !peer.polled_recently() {
+            if parked[i] && !peer.polled.recent() {
                 parked[i] = false;
                 if let Err(e) = epoll.watch(*fd, i, true) {
                     return fail_all(Error::system("tcp: epoll_ctl", &e));
@@ -143,7 +144,7 @@ pub(super) fn run(conns: Vec<Watched>, bell: Doorbell, handback: Arc<Handback>, 
             if parked[i] {
                 continue;
             }
-            if peer.polled_recently() && lock(inbox).broken.is_none() {
+            if peer.polled.recent() && lock(inbox).broken.is_none() {
                 parked[i] = true;
                 if let Err(e) = epoll.watch(*fd, i, false) {
                     return fail_all(Error::system("tcp: epoll_ctl", &e));
@@ -156,40 +157,6 @@ pub(super) fn run(conns: Vec<Watched>, bell: Doorbell, handback: Arc<Handback>, 
                 bell.ring();
             }
         }
-    }
-}
-
-/// The word an engine's driver sends the receiving thread right before it sleeps: an
-/// `eventfd` in the thread's `epoll` set.
-pub(super) struct Handback(OwnedFd);
-
-impl Handback {
-    pub(super) fn new() -> std::io::Result<Handback> {
-        // SAFETY: plain system call; the result is checked.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a new descriptor nothing else owns.
-        Ok(Handback(unsafe { OwnedFd::from_raw_fd(fd) }))
-    }
-
-    fn fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-
-    /// Wakes the receiving thread (the caller cleared the poll marks first).
-    pub(super) fn give(&self) {
-        let one = 1u64.to_ne_bytes();
-        // SAFETY: an 8-byte write to our eventfd; a full counter (EAGAIN) still wakes.
-        unsafe { libc::write(self.fd(), one.as_ptr().cast(), one.len()) };
-    }
-
-    /// Resets the counter.
-    fn take(&self) {
-        let mut v = [0u8; 8];
-        // SAFETY: an 8-byte read from our non-blocking eventfd into `v`.
-        unsafe { libc::read(self.fd(), v.as_mut_ptr().cast(), v.len()) };
     }
 }
 
@@ -689,7 +656,7 @@ mod tests {
         let fd = inbox.stream.as_raw_fd();
         let bell = Doorbell::new();
         let handback = Arc::new(Handback::new().unwrap());
-        peer.poll_until_stopped();
+        peer.polled.hold();
         let watched = vec![(fd, Arc::new(Mutex::new(inbox)), peer.clone())];
         let (b, h) = (bell.clone(), handback.clone());
         let minute = Duration::from_secs(60);
@@ -701,7 +668,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(credit(), 0, "applied while the engine polls");
         let seen = bell.seq();
-        assert!(peer.stop_polling());
+        assert!(peer.polled.stop());
         handback.give();
         let t0 = std::time::Instant::now();
         while credit() != 42 && t0.elapsed() < Duration::from_secs(10) {
