@@ -1,15 +1,19 @@
 #!/usr/bin/env python3
 """Across emulated hosts, in one run with alternated rounds: ampccl, the network ceiling
-(iperf3), Gloo, Intel MPI and Open MPI, one rank per host, f32 (sum), medians per size.
+(iperf3), libfabric's ceiling (fabtests), Gloo, Intel MPI and Open MPI, one rank per host, f32
+(sum), medians per size.
 
     python3 benches/scripts/compare_hosts.py --rounds 5 --hosts 2 --op allreduce \\
         --sizes 8,1M,16M,64M --peers ampccl,iperf3,gloo,impi,ompi --out-dir DIR [--rate 5gbit]
+    python3 benches/scripts/compare_hosts.py --rounds 5 --hosts 2 --op sendrecv \\
+        --sizes 8,1M,16M,64M --peers ampccl-ofi,fabtests,ampccl-ofi2,fabtests2,impi --out-dir DIR
     ampccl-perf plot --out cmp.png DIR/allreduce-*.csv
 
 Needs root and the release binaries `ampccl-hosts` and `ampccl-perf` ($AMPCCL_HOSTS and
 $AMPCCL_PERF, else $CARGO_TARGET_DIR/release, else target/release); the peers come from
 benches/peers/install.sh (--gloo for torch) under $PEERS_HOME (default ~/.cache/ampccl-peers),
-iperf3 from the system. A peer that is not installed is skipped with one line saying so.
+fabtests from benches/peers/fabtests.sh (there too), iperf3 from the system. A peer that is not
+installed is skipped with one line saying so.
 
 Every launch makes its own K emulated hosts with `ampccl-hosts -k K [--rate R] -- ...`
 (tests/src/hosts.rs: host i is 10.213.0.<i+1>, a network, UTS and mount namespace each, veths
@@ -21,7 +25,10 @@ every launch sets up the same hosts. Per variant:
               ampccl-hosts). --pin-ampccl runs each rank under `taskset -c RANK%CPUS`, as the
               peers below are pinned; by default ampccl-perf decides (it does not pin there).
   ampccl-ofi  the same over the ofi provider on libfabric's tcp;ofi_rxm (AMPCCL_TRANSPORT=ofi,
-              AMPCCL_OFI_PROVIDER=tcp;ofi_rxm).
+              AMPCCL_OFI_PROVIDER=tcp;ofi_rxm): the system's libfabric (Debian: 1.17).
+  ampccl-ofi2 the same over the ofi provider on Intel MPI's libfabric (2.4) and its tcp provider
+              (reliable datagrams of its own, automatic progress): AMPCCL_OFI_PROVIDER=tcp,
+              LD_LIBRARY_PATH=FI_PROVIDER_PATH=$PEERS_HOME/impi/lib.
   gloo        `ampccl-hosts -k K -- torch/bin/python peer_bench.py --backend gloo`: each rank
               is a torch.distributed process (init_method env://, GLOO_SOCKET_IFNAME=eth0,
               pinned to CPU RANK%CPUS by peer_bench.py), all sizes in one launch.
@@ -48,6 +55,22 @@ every launch sets up the same hosts. Per variant:
               (always 2 hosts: server in host 0, client in host 1): receiver rates, in GB/s
               (10^9 bytes/s) per direction: single stream, the sum of 4 streams, and each
               direction of --bidir (1->0 is the client's sending side, TX-C).
+  fabtests    libfabric's own benchmarks, the ceiling of what libfabric carries between two hosts
+  fabtests2   (always 2 hosts: `ampccl-hosts -k 2 -- sh -c ...`, the server in host 0 with
+              `-s 10.213.0.1`, the client in host 1 given 10.213.0.1; FI_TCP_IFACE=eth0), one
+              launch per size and test, `-e rdm -m -S S -I N` (N for about 0.2 s per size):
+                write      fi_rma_bw -o write -W W: both sides write S-byte messages to each
+                           other at once, W in flight (at most 128 MiB, at most 64); GB/s per
+                           direction, as a sendrecv's algbw (sizes up to the provider's inject
+                           size go by fi_inject_write: the rate of posting, not of delivery)
+                writedata  fi_rma_bw -o writedata -W W: host 1 writes to host 0 (one direction)
+                pingpong   fi_rdm_pingpong: us = half the round trip (fabtests' usec/xfer)
+              Of the two sides' figures, the slower is taken (ampccl-perf: the slowest rank).
+              `fabtests` is fabtests 1.17.1 on the system's libfabric (1.17) with -p
+              'tcp;ofi_rxm', the same as ampccl-ofi; `fabtests2` is fabtests 2.4.0 on Intel MPI's
+              libfabric 2.4 with -p tcp (LD_LIBRARY_PATH=FI_PROVIDER_PATH=$PEERS_HOME/impi/lib),
+              the same as ampccl-ofi2 and impi. Binaries: $PEERS_HOME/fabtests-1.17.1/bin and
+              fabtests-2.4.0/bin (benches/peers/fabtests.sh [--version 1.17.1]).
 
 Binding: the emulated hosts share this machine's CPUs and each sees all of them, so an MPI
 launcher's default binding (Open MPI: --bind-to core; Intel MPI: I_MPI_PIN) puts the rank of
@@ -73,16 +96,25 @@ most --rounds times). A launch that fails or runs past --timeout is reported on 
 last lines and left out of that round (the median is over the rounds that gave a figure; the
 table says how many when fewer).
 
+Ops: allreduce, allgather, reducescatter, broadcast, and sendrecv (2 hosts: each rank sends S
+bytes to its pair and receives S; ampccl-perf -o sendrecv, IMB Sendrecv; Gloo and Open MPI have
+none and are left out of it).
+
 Output: per op a markdown table of the medians, time per call (us) and algbw (GB/s) per size
 and variant, with `best peer / ampccl` (the fastest peer's time over ampccl's: > 1 is ampccl
-faster) and `ampccl / iperf3 1-stream` (algbw over the single-stream ceiling); then the iperf3
-ceilings. Files in --out-dir:
+faster), `ampccl / iperf3 1-stream` (algbw over the single-stream ceiling) and `ampccl-ofi /
+fabtests write`, `ampccl-ofi2 / fabtests2 write` (algbw over fi_rma_bw -o write's GB/s of the
+same size and libfabric); then the iperf3 ceilings and the fabtests figures per size. Files in
+--out-dir:
   compare_hosts.csv   the medians: op,hosts,variant,size,bytes,rounds,time_us,algbw_gbs,
                       busbw_gbs,wrong (wrong: results checked by ampccl-perf and peer_bench.py;
                       IMB does not check, empty)
   ceilings.csv        iperf3 medians: variant,rounds,gbs (per direction)
+  fabtests.csv        fabtests medians: variant,test,size,bytes,rounds,usec_xfer,gbs (each
+                      test's usec/xfer and MB/sec/1000)
   rounds.csv          every figure of every round: round,op,variant,size,bytes,time_us,gbs,
-                      wrong (the iperf3 rows have op iperf3 and only gbs)
+                      wrong (the iperf3 rows have op iperf3 and only gbs; the fabtests rows op
+                      fabtests, variant "fabtests2 write" etc., usec/xfer and GB/s)
   OP-VARIANT.csv      the medians in ampccl-perf's CSV format, for `ampccl-perf plot`
 """
 import argparse, atexit, csv, io, os, re, shutil, signal, statistics, subprocess, sys, tempfile, time
@@ -97,20 +129,42 @@ PEERS_HOME = os.environ.get("PEERS_HOME", os.path.expanduser("~/.cache/ampccl-pe
 HOSTS_SSH = os.path.join(HERE, "hosts_ssh.sh")
 PEER_BENCH = os.path.join(HERE, "peer_bench.py")
 SUBNET = "10.213.0.0/24"  # tests/src/hosts.rs: host i is 10.213.0.<i+1>
-OPS = ("allreduce", "allgather", "reducescatter", "broadcast")
+OPS = ("allreduce", "allgather", "reducescatter", "broadcast", "sendrecv")
 IMB = {"allreduce": "Allreduce", "allgather": "Allgather", "reducescatter": "Reduce_scatter",
-       "broadcast": "Bcast"}
-VARIANTS = ("ampccl", "ampccl-ofi", "gloo", "impi", "ompi", "ompi-yield")
-TITLES = {"ampccl": "ampccl", "ampccl-ofi": "ampccl ofi", "gloo": "Gloo", "impi": "Intel MPI",
-          "ompi": "Open MPI", "ompi-yield": "Open MPI yield"}
-NAMES = {"ampccl": "ampccl", "ampccl-ofi": "ampccl-ofi", "gloo": "gloo", "impi": "intel-mpi",
-         "ompi": "open-mpi", "ompi-yield": "open-mpi-yield"}
-# The ofi provider over libfabric's tcp;ofi_rxm (the system's libfabric).
+       "broadcast": "Bcast", "sendrecv": "Sendrecv"}
+BUS = dict(BUS, sendrecv=lambda n: 1.0)
+VARIANTS = ("ampccl", "ampccl-ofi", "ampccl-ofi2", "gloo", "impi", "ompi", "ompi-yield")
+TITLES = {"ampccl": "ampccl", "ampccl-ofi": "ampccl ofi", "ampccl-ofi2": "ampccl ofi2", "gloo": "Gloo",
+          "impi": "Intel MPI", "ompi": "Open MPI", "ompi-yield": "Open MPI yield"}
+NAMES = {"ampccl": "ampccl", "ampccl-ofi": "ampccl-ofi", "ampccl-ofi2": "ampccl-ofi2", "gloo": "gloo",
+         "impi": "intel-mpi", "ompi": "open-mpi", "ompi-yield": "open-mpi-yield"}
+# Variants without the op (peer_bench.py has no sendrecv).
+LACKS = {"gloo": ("sendrecv",), "ompi": ("sendrecv",), "ompi-yield": ("sendrecv",)}
+# The ofi provider over libfabric's tcp;ofi_rxm (the system's libfabric), and over Intel MPI's
+# libfabric 2.x and its tcp provider.
 OFI_ENV = {"AMPCCL_TRANSPORT": "ofi", "AMPCCL_OFI_PROVIDER": "tcp;ofi_rxm"}
+IMPI_LIB = f"{PEERS_HOME}/impi/lib"
+OFI2_ENV = {"AMPCCL_TRANSPORT": "ofi", "AMPCCL_OFI_PROVIDER": "tcp", "LD_LIBRARY_PATH": IMPI_LIB,
+            "FI_PROVIDER_PATH": IMPI_LIB}
+# fabtests variant: (its bin directory, -p provider, environment); the ampccl variant it bounds.
+FABTESTS = {"fabtests": (f"{PEERS_HOME}/fabtests-1.17.1/bin", "tcp;ofi_rxm", {"FI_TCP_IFACE": "eth0"}),
+            "fabtests2": (f"{PEERS_HOME}/fabtests-2.4.0/bin", "tcp",
+                          {"FI_TCP_IFACE": "eth0", "LD_LIBRARY_PATH": IMPI_LIB, "FI_PROVIDER_PATH": IMPI_LIB})}
+FAB_OF = {"ampccl-ofi": "fabtests", "ampccl-ofi2": "fabtests2"}
+FAB_TESTS = {"write": ["fi_rma_bw", "-o", "write"], "writedata": ["fi_rma_bw", "-o", "writedata"],
+             "pingpong": ["fi_rdm_pingpong"]}
+# Host 0 runs the server, host 1 the client (retried while the server is not listening yet).
+FAB_SH = """out=$1; shift
+if [ "$RANK" = 0 ]; then exec timeout --foreground 300 "$@" -s 10.213.0.1 >"$out.0" 2>&1; fi
+for try in 1 2 3 4 5 6 7 8 9 10; do
+  sleep 0.3; timeout --foreground 300 "$@" 10.213.0.1 >"$out.1" 2>&1 && exit 0
+done
+exit 1"""
 IPERF = {"single": "-t {t}", "P4": "-t {t} -P 4", "bidir": "-t {t} --bidir"}
 CEILINGS = ("single", "P4", "bidir 1->0", "bidir 0->1")
 CEIL_TITLES = {"single": "iperf3 1 stream", "P4": "iperf3 -P 4 (sum)",
                "bidir 1->0": "iperf3 --bidir 1->0", "bidir 0->1": "iperf3 --bidir 0->1"}
+CEILING_PEERS = ("iperf3", "fabtests", "fabtests2")  # run once per round, not per op
 # Sent to rank 0 only: the launchers start every host's rank themselves.
 RANK0 = ["sh", "-c", '[ "$RANK" = 0 ] || exit 0; exec "$@"', "rank0"]
 
@@ -248,10 +302,53 @@ class Bench:
                 prog += ([":"] if r else []) + ["-n", "1", "-host", addr(r)] + pin + imb
             text = launch(self.hosts(prog), env, self.a.timeout)
             got = [f for f in (l.split() for l in text.splitlines())
-                   if len(f) == 5 and f[0].isdigit() and int(f[0]) == msg]
+                   if len(f) in (5, 6) and f[0].isdigit() and int(f[0]) == msg]
             if not got:
                 raise Failed(f"no IMB row for {msg} B\n" + tail(text, ""))
             res[s] = (float(got[-1][3]), None)  # t_max (us), see the module docs
+        return res
+
+    def fabtests(self, v, sizes):
+        """{(test, size): (usec/xfer, GB/s)} of one round of fabtests variant v."""
+        bindir, prov, env = FABTESTS[v]
+        env = dict(os.environ, **env)
+        env.pop("FI_PROVIDER", None)
+        out = os.path.join(self.tmp, "fab.out")
+        res = {}
+        for test, (prog, *args) in FAB_TESTS.items():
+            for s in sizes:
+                # About 0.2 s per size at 1 GB/s and 20 us per message, 10..20000 messages.
+                n = max(10, min(20000, int(0.2 / (20e-6 + s / 1e9))))
+                if prog == "fi_rma_bw":
+                    w = max(1, min(64, (128 << 20) // max(s, 1)))
+                    args_s = args + ["-W", str(w)]
+                    n = max(n, 2 * w)
+                else:
+                    args_s = args
+                cmd = [os.path.join(bindir, prog), "-p", prov, "-e", "rdm", "-m", "-S", str(s),
+                       "-I", str(n)] + args_s
+                for side in (0, 1):
+                    if os.path.exists(f"{out}.{side}"):
+                        os.remove(f"{out}.{side}")
+                try:
+                    launch(self.base + ["-k", "2", "--", "sh", "-c", FAB_SH, "fab", out] + cmd,
+                           env, self.a.timeout)
+                    sides = []
+                    for side in (0, 1):
+                        with open(f"{out}.{side}") as f:
+                            text = f.read()
+                        sides += [(float(m.group(2)), float(m.group(1)) / 1e3) for m in re.finditer(
+                            r"xfer_size: %d,.*MB/sec: ([\d.]+), usec/xfer: ([\d.]+)" % s, text)]
+                except (Failed, OSError) as e:
+                    tails = ""
+                    for side in (0, 1):
+                        if os.path.exists(f"{out}.{side}"):
+                            with open(f"{out}.{side}") as f:
+                                tails += f"  host {side}:\n" + tail(f.read(), "", 6) + "\n"
+                    raise Failed(f"{prog} {' '.join(args_s)} -S {s}: {e}\n{tails}")
+                if not sides:
+                    raise Failed(f"{prog} {' '.join(args_s)} -S {s}: no figures in its output")
+                res[(test, s)] = max(sides)  # the slower side
         return res
 
     def iperf3(self):
@@ -278,12 +375,16 @@ def installed(v):
     """None if variant v can run here, else what is missing."""
     need = {"ampccl": [hosts_exe(), perf_exe()],
             "ampccl-ofi": [hosts_exe(), perf_exe()],
+            "ampccl-ofi2": [hosts_exe(), perf_exe(), f"{IMPI_LIB}/libfabric.so.1"],
+            "fabtests": [hosts_exe()] + [f"{FABTESTS['fabtests'][0]}/{p}" for p in ("fi_rma_bw", "fi_rdm_pingpong")],
+            "fabtests2": [hosts_exe(), f"{IMPI_LIB}/libfabric.so.1"]
+                         + [f"{FABTESTS['fabtests2'][0]}/{p}" for p in ("fi_rma_bw", "fi_rdm_pingpong")],
             "gloo": [f"{PEERS_HOME}/torch/bin/python"],
             "impi": [f"{PEERS_HOME}/impi/bin/mpirun", f"{PEERS_HOME}/impi/bin/IMB-MPI1"],
             "ompi": [f"{PEERS_HOME}/ompi/bin/mpirun", f"{PEERS_HOME}/ompi/bin/python"],
             "ompi-yield": [f"{PEERS_HOME}/ompi/bin/mpirun", f"{PEERS_HOME}/ompi/bin/python"],
             "iperf3": [shutil.which("iperf3") or "iperf3 (on PATH)"]}[v]
-    missing = [p for p in need if not os.access(p, os.X_OK)]
+    missing = [p for p in need if not os.access(p, os.R_OK if ".so" in p else os.X_OK)]
     return ", ".join(missing) or None
 
 
@@ -298,7 +399,8 @@ def main():
     ap.add_argument("--op", default="allreduce", help=f"comma-separated: {', '.join(OPS)}")
     ap.add_argument("--sizes", default="8,1M,16M,64M", help="comma-separated, K/M/G suffixes")
     ap.add_argument("--peers", default="ampccl,iperf3,gloo,impi,ompi",
-                    help="comma-separated, in run order: ampccl, iperf3, gloo, impi, ompi (both "
+                    help="comma-separated, in run order: ampccl, ampccl-ofi, ampccl-ofi2, iperf3, fabtests "
+                         "(libfabric 1.17), fabtests2 (libfabric 2.4), gloo, impi, ompi (both "
                          "Open MPI variants), ompi-default, ompi-yield")
     ap.add_argument("--rate", help="shape every host's link with tc tbf (e.g. 5gbit)")
     ap.add_argument("--out-dir", required=True)
@@ -325,9 +427,9 @@ def main():
     for p in a.peers.split(","):
         expand = {"ompi": ["ompi", "ompi-yield"], "ompi-default": ["ompi"]}.get(p, [p])
         for v in expand:
-            if v not in VARIANTS + ("iperf3",):
-                sys.exit(f"unknown peer {p}; known: ampccl, ampccl-ofi, iperf3, gloo, impi, ompi, "
-                         "ompi-default, ompi-yield")
+            if v not in VARIANTS + CEILING_PEERS:
+                sys.exit(f"unknown peer {p}; known: ampccl, ampccl-ofi, ampccl-ofi2, iperf3, fabtests, "
+                         "fabtests2, gloo, impi, ompi, ompi-default, ompi-yield")
             if v not in order:
                 order.append(v)
     for v in list(order):
@@ -336,9 +438,15 @@ def main():
             order.remove(v)
     if not order:
         sys.exit("nothing to run")
-    variants = [v for v in order if v != "iperf3"]
+    variants = [v for v in order if v not in CEILING_PEERS]
+    fabs = [v for v in order if v in FABTESTS]
+    for op in ops:
+        for v in variants:
+            if op in LACKS.get(v, ()):
+                print(f"skipping {v} for {op}: it has no {op}", file=sys.stderr)
     b = Bench(a)
     runners = {"ampccl": b.ampccl, "ampccl-ofi": lambda op, s: b.ampccl(op, s, OFI_ENV),
+               "ampccl-ofi2": lambda op, s: b.ampccl(op, s, OFI2_ENV),
                "gloo": b.gloo, "impi": b.impi, "ompi": b.ompi,
                "ompi-yield": lambda op, s: b.ompi(op, s, yield_when_idle=True)}
     os.makedirs(a.out_dir, exist_ok=True)
@@ -346,6 +454,8 @@ def main():
     times = {(op, v): {s: [] for s in sizes} for op in ops for v in variants}
     wrong = {(op, v): {} for op in ops for v in variants}
     ceil = {c: [] for c in CEILINGS}
+    # fab[(v, test, size)] = [(usec/xfer, GB/s) per round]
+    fab = {(v, t, s): [] for v in fabs for t in FAB_TESTS for s in sizes}
     raw = open(os.path.join(a.out_dir, "rounds.csv"), "w")
     raw.write("round,op,variant,size,bytes,time_us,gbs,wrong\n")
     probe = None if a.no_probe else HostProbe()
@@ -361,19 +471,23 @@ def main():
         before = probe.wait_normal(a.wait_spell) if probe else None
         print(f"round {i + 1}/{a.rounds}: load {os.getloadavg()[0]:.2f}, builds running: {busy or 'none'}"
               + (f", host probe {before:.1f} us" if probe else ""), file=sys.stderr)
-        got, got_ceil = {}, {}
+        got, got_ceil, got_fab = {}, {}, {}
         for op in ops:
             for v in order:
-                if v == "iperf3":
+                if v in CEILING_PEERS:
                     if op != ops[0]:
                         continue
-                    what = "iperf3"
+                    what = v
+                elif op in LACKS.get(v, ()):
+                    continue
                 else:
                     what = f"{TITLES[v]} {op}"
                 t0 = time.time()
                 try:
                     if v == "iperf3":
                         got_ceil = b.iperf3()
+                    elif v in FABTESTS:
+                        got_fab[v] = b.fabtests(v, sizes)
                     else:
                         sz = [s for s in sizes if effective(op, s, a.hosts) > 0]
                         got[(op, v)] = runners[v](op, sz)
@@ -399,6 +513,10 @@ def main():
         for c, g in got_ceil.items():
             ceil[c].append(g)
             raw.write(f"{i + 1},iperf3,{c},,,,{g:.4f},\n")
+        for v, res in got_fab.items():
+            for (t, s), (us, g) in res.items():
+                fab[(v, t, s)].append((us, g))
+                raw.write(f"{i + 1},fabtests,{v} {t},{s},{s},{us:.3f},{g:.4f},\n")
         raw.flush()
         noisy += bool(busy or builders())
         i += 1
@@ -411,18 +529,20 @@ def main():
     summary = open(os.path.join(a.out_dir, "compare_hosts.csv"), "w")
     summary.write("op,hosts,variant,size,bytes,rounds,time_us,algbw_gbs,busbw_gbs,wrong\n")
     c_med = {c: med(ceil[c]) for c in CEILINGS}
+    f_med = {key: (med([x[0] for x in xs]), med([x[1] for x in xs])) for key, xs in fab.items()}
     print(f"{k} hosts x 1 rank, f32, medians of {a.rounds} alternated rounds"
           + (f", links shaped to {a.rate}" if a.rate else "")
           + f"; time per call (us), algbw (GB/s = 1e9 B/s); builds ran during {noisy} round(s)"
           + (f"; host in a slow spell around {spells} round(s), {redone} run again" if probe else "; host not probed")
           + (f"; {failures} launch(es) failed (see stderr)" if failures else "") + "\n")
     for op in ops:
+        variants = [v for v in order if v not in CEILING_PEERS and op not in LACKS.get(v, ())]
         m = {v: {s: med(times[(op, v)][s]) for s in sizes} for v in variants}
         n_of = {v: {s: len(times[(op, v)][s]) for s in sizes} for v in variants}
         for v in variants:
             with open(os.path.join(a.out_dir, f"{op}-{NAMES[v]}.csv"), "w") as f:
                 f.write(HEADER + "\n")
-                redop = "none" if op in ("allgather", "broadcast") else "sum"
+                redop = "none" if op in ("allgather", "broadcast", "sendrecv") else "sum"
                 root = 0 if op == "broadcast" else -1
                 for s in sizes:
                     t, nb = m[v][s], effective(op, s, k)
@@ -434,6 +554,8 @@ def main():
                     if t:
                         f.write(f"{op},{k},{nb},{nb // 4},float,{redop},{root},{placement(op)},{t:.3f},"
                                 f"{alg:.4f},{alg * BUS[op](k):.4f},{w or 0}\n")
+        if not variants:
+            continue
         peers = [v for v in variants if not v.startswith("ampccl")]
         head = ["size"]
         for v in variants:
@@ -442,6 +564,8 @@ def main():
             head.append("best peer / ampccl")
         if "ampccl" in variants and c_med["single"]:
             head.append("ampccl / iperf3 1 stream")
+        bounds = [(v, f) for v, f in FAB_OF.items() if v in variants and f in fabs]
+        head += [f"{v} / {f} write" for v, f in bounds]
         print(f"### {op}, {k} hosts\n")
         print("| " + " | ".join(head) + " |")
         print("|" + "---:|" * len(head))
@@ -460,6 +584,9 @@ def main():
             if "ampccl" in variants and c_med["single"]:
                 t = m["ampccl"][s]
                 cells.append(f"{nb / t / 1e3 / c_med['single']:.2f}" if t else "—")
+            for v, f in bounds:
+                t, g = m[v][s], f_med[(f, "write", s)][1]
+                cells.append(f"{nb / t / 1e3 / g:.2f}" if t and g else "—")
             print("| " + " | ".join(cells) + " |")
         print()
     summary.close()
@@ -472,6 +599,27 @@ def main():
         print("| " + " | ".join(CEIL_TITLES[c] for c in CEILINGS) + " |")
         print("|" + "---:|" * len(CEILINGS))
         print("| " + " | ".join(fmt(c_med[c], ".3f") for c in CEILINGS) + " |")
+    if fabs:
+        with open(os.path.join(a.out_dir, "fabtests.csv"), "w") as f:
+            f.write("variant,test,size,bytes,rounds,usec_xfer,gbs\n")
+            for (v, t, s), (us, g) in f_med.items():
+                f.write(f"{v},{t},{s},{s},{len(fab[(v, t, s)])},{fmt(us, '.3f')},{fmt(g, '.4f')}\n"
+                        .replace("—", ""))
+        print("\n### libfabric ceiling (fabtests, host 1 <-> host 0): fi_rma_bw write (both "
+              "directions at once) and writedata (1 -> 0), GB/s per direction; fi_rdm_pingpong, "
+              "us (half round trip)\n")
+        head = ["size"] + [f"{v} {t} {'us' if t == 'pingpong' else 'GB/s'}" for v in fabs for t in FAB_TESTS]
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---:|" * len(head))
+        for s in sizes:
+            cells = [str(s)]
+            for v in fabs:
+                for t in FAB_TESTS:
+                    us, g = f_med[(v, t, s)]
+                    n = len(fab[(v, t, s)])
+                    short = f" ({n}/{a.rounds})" if n and n < a.rounds else ""
+                    cells.append((fmt(us, ".2f") if t == "pingpong" else fmt(g, ".3f")) + short)
+            print("| " + " | ".join(cells) + " |")
     bad = {f"{op} {v}": w for (op, v), w in wrong.items() if any(w.values())}
     if bad:
         print(f"\nWRONG RESULTS: {bad}")
