@@ -396,6 +396,18 @@ fn ofi_broadcast_w2_pair() {
     }
 }
 
+/// Over `ofi` with one rail (`AMPCCL_OFI_RAILS=1`; the other tests stripe over the default
+/// rails), and with a rail count that does not divide the writes' pieces evenly.
+#[test]
+fn ofi_allreduce_mixed_w2_rails() {
+    for rails in ["1", "3"] {
+        let l = Launch::new(2, "allreduce_mixed").env("AMPCCL_OFI_RAILS", rails);
+        if let Some(l) = ofi::over(l, Libfabric::IntelMpi("tcp")) {
+            l.run();
+        }
+    }
+}
+
 /// Over TCP, the 2-rank pairs (reads of the peer's offered memory, writes into it).
 #[test]
 fn tcp_allreduce_w2_pair() {

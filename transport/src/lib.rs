@@ -36,5 +36,5 @@ use ampccl_runtime::param::Param;
 /// code that runs only at initialization; docs/TUNING.md ("Fixed constants") says why each
 /// stays fixed.
 pub fn params() -> Vec<&'static Param> {
-    vec![&tcp::stripe::NSOCKS, &tcp::stripe::STRIPE_MIN]
+    vec![&tcp::stripe::NSOCKS, &tcp::stripe::STRIPE_MIN, &ofi::RAILS]
 }

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use ampccl_runtime::doorbell::Doorbell;
 use ampccl_runtime::mem::HostBuffer;
+use ampccl_runtime::param::{Param, Unit};
 use ampccl_runtime::task::CopyTo;
 use ampccl_runtime::{Error, Result};
 use rand::TryRngCore;
@@ -25,6 +26,16 @@ use crate::transport::{OpFormatter, Transport, TransportConfig};
 
 /// Largest eager message (as the TCP provider's: one round trip saved per small message).
 pub const EAGER_MAX: usize = 4096;
+
+/// Endpoints (rails) per rank (rank 0's value holds for the whole communicator).
+pub static RAILS: Param = Param::new(
+    "OFI_RAILS",
+    4,
+    (1, 16),
+    Unit::Count,
+    "libfabric endpoints per rank (rails), each with its own connections; large writes are \
+     striped over them",
+);
 /// Operation records this rank keeps for its own mismatch messages.
 /// How often the progress thread sends each peer a liveness message: a send to a dead peer
 /// fails, which is how its death shows within about a second.
@@ -60,6 +71,7 @@ pub fn provider_from_env() -> Option<String> {
 pub struct OfiDevice {
     rank: usize,
     depth: usize,
+    rails: usize,
     state: Mutex<State>,
     descs: Vec<String>,
     wait_fd: Option<i32>,
@@ -83,7 +95,8 @@ fn setup_err(what: &str) -> Error {
 
 /// Connects this rank to every peer of `boot` through libfabric: rank 0 picks the provider
 /// (`AMPCCL_OFI_PROVIDER`, else the first suitable one, leaving out `shm` when the ranks span
-/// hosts), every rank opens an endpoint of it, and the ranks swap endpoint addresses.
+/// hosts) and the number of rails (`AMPCCL_OFI_RAILS`), every rank opens that many endpoints
+/// of it, and the ranks swap their addresses.
 pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<OfiDevice>> {
     let (rank, world) = (boot.rank(), boot.world());
     if world > 1 << 16 || cfg.fifo_depth > 1 << 16 {
@@ -94,9 +107,10 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<OfiDevice>
     let mut ep = None;
     let chosen = if rank == 0 {
         let one_host = boot.host_ids().iter().all(|h| *h == boot.host_id());
-        let opened = open_default(lib.clone(), provider_from_env().as_deref(), one_host);
+        let rails = RAILS.get() as usize;
+        let opened = open_default(lib.clone(), provider_from_env().as_deref(), one_host, rails);
         let msg = match &opened {
-            Ok(e) => format!("ok\n{}", e.caps.provider),
+            Ok(e) => format!("ok\n{}\n{}", e.rails(), e.caps.provider),
             Err(why) => format!("error\n{why}"),
         };
         ep = opened.ok();
@@ -105,21 +119,30 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<OfiDevice>
         boot.broadcast(TAG_PROVIDER, 0, None)?
     };
     let chosen = String::from_utf8_lossy(&chosen).into_owned();
-    let name = match chosen.split_once('\n') {
-        Some(("ok", name)) => name.to_string(),
+    let (rails, name) = match chosen.split_once('\n') {
+        Some(("ok", rest)) => match rest.split_once('\n') {
+            Some((n, name)) => (n.parse::<usize>().unwrap_or(0), name.to_string()),
+            None => (0, String::new()),
+        },
         Some((_, why)) => return Err(Error::Remote(format!("ofi: rank 0: {why}"))),
         None => return Err(setup_err("rank 0 sent no provider")),
     };
+    if !(1..=RAILS.max as usize).contains(&rails) {
+        return Err(setup_err("rank 0 sent no rail count"));
+    }
     let ep = match ep {
         Some(ep) => ep,
         None => lib
-            .and_then(|lib| Endpoint::open(lib, Some(&name)))
+            .and_then(|lib| Endpoint::open(lib, Some(&name), rails))
             .map_err(|why| Error::Remote(format!("ofi: {why}")))?,
     };
-    let addr = ep.name().map_err(|e| setup_err(&e))?;
     let mut mine = hostname().into_bytes();
     mine.push(b'\n');
-    mine.extend_from_slice(&addr);
+    for rail in 0..rails {
+        let addr = ep.name(rail).map_err(|e| setup_err(&e))?;
+        mine.extend_from_slice(&(addr.len() as u16).to_le_bytes());
+        mine.extend_from_slice(&addr);
+    }
     let all = boot.allgather(TAG_ADDRS, &mine)?;
     let mut peers = Vec::with_capacity(world);
     let mut descs = Vec::with_capacity(world);
@@ -135,12 +158,15 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<OfiDevice>
             peers.push(None);
             continue;
         }
-        let their = entry.get(split + 1..).unwrap_or_default();
-        let fi_addr = ep
-            .insert(their)
+        let their = split_addrs(entry.get(split + 1..).unwrap_or_default(), rails)
+            .ok_or_else(|| setup_err(&format!("{}: sent malformed addresses", descs[r])))?;
+        let fi_addrs = their
+            .into_iter()
+            .map(|a| ep.insert(a))
+            .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(|e| setup_err(&format!("{}: {e}", descs[r])))?;
         peers.push(Some(PeerState::new(
-            fi_addr,
+            fi_addrs,
             descs[r].clone(),
             cfg.fifo_depth,
             EAGER_MAX,
@@ -163,8 +189,8 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<OfiDevice>
         .try_fill_bytes(&mut key)
         .map_err(|e| Error::system("ofi: OS random number generator", e))?;
     tracing::info!(
-        "rank {rank}: ofi: libfabric {version}, provider {} ({} progress, {} keys, registered \
-         memory addressed by {})",
+        "rank {rank}: ofi: libfabric {version}, provider {}, {rails} rail(s) ({} progress, {} \
+         keys, registered memory addressed by {})",
         caps.provider,
         if caps.manual { "manual" } else { "auto" },
         if caps.prov_key {
@@ -177,6 +203,7 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<OfiDevice>
     let dev = Arc::new(OfiDevice {
         rank,
         depth: cfg.fifo_depth,
+        rails,
         state: Mutex::new(state),
         descs,
         wait_fd,
@@ -198,23 +225,37 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<OfiDevice>
     Ok(dev)
 }
 
-/// Opens the endpoint rank 0 chooses: `named`, else the first suitable provider other than
+/// Opens the endpoints rank 0 chooses: `named`, else the first suitable provider other than
 /// `shm` unless every rank is on this host.
 fn open_default(
     lib: std::result::Result<&'static Lib, String>,
     named: Option<&str>,
     one_host: bool,
+    rails: usize,
 ) -> std::result::Result<Endpoint, String> {
     let lib = lib?;
     if named.is_some() {
-        return Endpoint::open(lib, named);
+        return Endpoint::open(lib, named, rails);
     }
-    let first = Endpoint::open(lib, None)?;
+    let first = Endpoint::open(lib, None, rails)?;
     if first.caps.provider != "shm" || one_host {
         return Ok(first);
     }
     drop(first);
-    Endpoint::open(lib, Some("tcp;ofi_rxm"))
+    Endpoint::open(lib, Some("tcp;ofi_rxm"), rails)
+}
+
+/// The `rails` addresses of a peer's entry (each a 2-byte length and the address), or `None`
+/// when the entry does not hold exactly that.
+fn split_addrs(mut entry: &[u8], rails: usize) -> Option<Vec<&[u8]>> {
+    let mut addrs = Vec::with_capacity(rails);
+    for _ in 0..rails {
+        let (len, rest) = entry.split_first_chunk::<2>()?;
+        let len = u16::from_le_bytes(*len) as usize;
+        addrs.push(rest.get(..len)?);
+        entry = &rest[len..];
+    }
+    entry.is_empty().then_some(addrs)
 }
 
 fn hostname() -> String {
@@ -379,7 +420,7 @@ impl RmaDevice for OfiDevice {
     }
 
     fn channels(&self) -> usize {
-        1
+        self.rails
     }
 
     fn expose(&self, ptr: *mut u8, _len: usize) -> Option<(u32, u64)> {
@@ -483,13 +524,17 @@ impl RmaDevice for OfiDevice {
     }
 
     fn write_imm(&self, peer: usize, slot: usize, imm: u32, len: u64) -> Result<()> {
+        // The immediate names how many writes it completes, so it may overtake them: it
+        // leaves at once, and the receiver publishes it once they have all landed.
+        {
+            let mut s = self.lock();
+            let writes = std::mem::take(&mut s.peer(peer).writes[slot]);
+            let h = Header::new(Kind::Imm, slot, imm, writes, len);
+            s.send(peer, &h, &[])
+                .map_err(|why| self.post_err(peer, "an immediate", why))?;
+        }
         // The writes must have left our buffer before the send counts as complete.
-        self.wait(peer, "a write", |s| s.peer(peer).in_flight == 0)?;
-        let mut s = self.lock();
-        let writes = std::mem::take(&mut s.peer(peer).writes[slot]);
-        let h = Header::new(Kind::Imm, slot, imm, writes, len);
-        s.send(peer, &h, &[])
-            .map_err(|why| self.post_err(peer, "an immediate", why))
+        self.wait(peer, "a write", |s| s.peer(peer).in_flight == 0)
     }
 
     fn poll_imm(&self, peer: usize, slot: usize, want: u32) -> Option<(u32, u64)> {
@@ -661,5 +706,19 @@ impl Transport for OfiDevice {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_addrs;
+
+    #[test]
+    fn rail_addresses_split_or_are_refused() {
+        let entry = [2, 0, b'a', b'b', 1, 0, b'c'];
+        assert_eq!(split_addrs(&entry, 2), Some(vec![&b"ab"[..], &b"c"[..]]));
+        assert_eq!(split_addrs(&entry, 1), None, "bytes left over");
+        assert_eq!(split_addrs(&entry, 3), None, "a rail missing");
+        assert_eq!(split_addrs(&entry[..5], 2), None, "an address cut short");
     }
 }

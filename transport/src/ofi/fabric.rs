@@ -1,8 +1,11 @@
-//! One opened libfabric endpoint and what hangs off it: the provider's description, fabric,
+//! One opened libfabric domain and what hangs off it: the provider's description, fabric,
 //! domain, address vector, completion queue (with a file-descriptor wait object where the
-//! provider offers one) and the reliable-datagram endpoint, plus memory registrations. Every
-//! call into the data path goes through the function tables of these objects, as the inline
-//! functions of libfabric's headers do ([`super::sys`]).
+//! provider offers one) and one or more reliable-datagram endpoints (*rails*: each has its own
+//! connections to the peers' rails, and large writes are striped over them), plus memory
+//! registrations. Every rail shares the address vector and the completion queue, so one read
+//! of the queue sees (and, with manual progress, drives) all of them. Every call into the data
+//! path goes through the function tables of these objects, as the inline functions of
+//! libfabric's headers do ([`super::sys`]).
 //!
 //! An [`Endpoint`] is not synchronized: the device calls it under one lock (the domain is
 //! opened with `FI_THREAD_DOMAIN`).
@@ -26,7 +29,7 @@ pub struct Caps {
     pub manual: bool,
 }
 
-/// An opened endpoint.
+/// An opened domain with its rails.
 pub struct Endpoint {
     lib: &'static Lib,
     info: *mut sys::Info,
@@ -34,7 +37,8 @@ pub struct Endpoint {
     domain: *mut sys::FidDomain,
     av: *mut sys::FidAv,
     cq: *mut sys::FidCq,
-    ep: *mut sys::FidEp,
+    /// The rails; messages go on rail 0.
+    eps: Vec<*mut sys::FidEp>,
     wait_fd: Option<RawFd>,
     pub caps: Caps,
 }
@@ -141,12 +145,20 @@ fn check(lib: &Lib, what: &str, rc: c_int) -> Result<(), String> {
 }
 
 impl Endpoint {
-    /// Opens an endpoint of `provider` (else of the first suitable one).
-    pub fn open(lib: &'static Lib, provider: Option<&str>) -> Result<Endpoint, String> {
-        sys::keeping_signal_handlers(|| Endpoint::open_inner(lib, provider))
+    /// Opens `rails` endpoints of `provider` (else of the first suitable one).
+    pub fn open(
+        lib: &'static Lib,
+        provider: Option<&str>,
+        rails: usize,
+    ) -> Result<Endpoint, String> {
+        sys::keeping_signal_handlers(|| Endpoint::open_inner(lib, provider, rails.max(1)))
     }
 
-    fn open_inner(lib: &'static Lib, provider: Option<&str>) -> Result<Endpoint, String> {
+    fn open_inner(
+        lib: &'static Lib,
+        provider: Option<&str>,
+        rails: usize,
+    ) -> Result<Endpoint, String> {
         let info = getinfo(lib, provider)?;
         let mut e = Endpoint {
             lib,
@@ -155,7 +167,7 @@ impl Endpoint {
             domain: null_mut(),
             av: null_mut(),
             cq: null_mut(),
-            ep: null_mut(),
+            eps: Vec::with_capacity(rails),
             wait_fd: None,
             // SAFETY: `info` is a valid description (getinfo).
             caps: unsafe {
@@ -225,25 +237,34 @@ impl Endpoint {
                     ((*dom.ops).cq_open)(e.domain, &mut cq_attr, &mut e.cq, null_mut()),
                 )?;
             }
-            check(
-                lib,
-                "fi_endpoint",
-                ((*dom.ops).endpoint)(e.domain, info, &mut e.ep, null_mut()),
-            )?;
-            let ep = &mut (*e.ep).fid;
-            check(lib, "fi_ep_bind(av)", ((*ep.ops).bind)(ep, e.av.cast(), 0))?;
-            check(
-                lib,
-                "fi_ep_bind(cq)",
-                ((*ep.ops).bind)(ep, e.cq.cast(), sys::FI_TRANSMIT | sys::FI_RECV),
-            )?;
-            check(
-                lib,
-                "fi_enable",
-                ((*ep.ops).control)(ep, sys::FI_ENABLE, null_mut()),
-            )?;
+            for _ in 0..rails {
+                let mut ep = null_mut();
+                check(
+                    lib,
+                    "fi_endpoint",
+                    ((*dom.ops).endpoint)(e.domain, info, &mut ep, null_mut()),
+                )?;
+                e.eps.push(ep);
+                let ep = &mut (*ep).fid;
+                check(lib, "fi_ep_bind(av)", ((*ep.ops).bind)(ep, e.av.cast(), 0))?;
+                check(
+                    lib,
+                    "fi_ep_bind(cq)",
+                    ((*ep.ops).bind)(ep, e.cq.cast(), sys::FI_TRANSMIT | sys::FI_RECV),
+                )?;
+                check(
+                    lib,
+                    "fi_enable",
+                    ((*ep.ops).control)(ep, sys::FI_ENABLE, null_mut()),
+                )?;
+            }
         }
         Ok(e)
+    }
+
+    /// How many rails are open.
+    pub fn rails(&self) -> usize {
+        self.eps.len()
     }
 
     /// The library's message for error `rc`.
@@ -261,14 +282,14 @@ impl Endpoint {
         self.wait_fd
     }
 
-    /// This endpoint's address, for peers' address vectors.
-    pub fn name(&self) -> Result<Vec<u8>, String> {
+    /// Rail `rail`'s address, for peers' address vectors.
+    pub fn name(&self, rail: usize) -> Result<Vec<u8>, String> {
         let mut buf = vec![0u8; 256];
         let mut len = buf.len();
+        let ep = self.eps[rail];
         // SAFETY: an enabled endpoint's `cm` table holds `getname`; `buf` holds `len` bytes.
-        let rc = unsafe {
-            ((*(*self.ep).cm).getname)(&mut (*self.ep).fid, buf.as_mut_ptr().cast(), &mut len)
-        };
+        let rc =
+            unsafe { ((*(*ep).cm).getname)(&mut (*ep).fid, buf.as_mut_ptr().cast(), &mut len) };
         check(self.lib, "fi_getname", rc)?;
         buf.truncate(len);
         Ok(buf)
@@ -319,7 +340,8 @@ impl Endpoint {
         Ok(Mr { mr, key })
     }
 
-    /// Posts a receive of up to `len` bytes into `buf` from `src` only.
+    /// Posts a receive of up to `len` bytes into `buf` on rail 0, from `src` only (or any
+    /// sender: `FI_ADDR_UNSPEC`).
     ///
     /// # Safety
     /// `buf` must stay valid for `len` writes and `ctx` live and unmoved until the completion.
@@ -330,11 +352,12 @@ impl Endpoint {
         src: sys::FiAddr,
         ctx: *mut c_void,
     ) -> isize {
+        let ep = self.eps[0];
         // SAFETY: a live endpoint's `msg` table; the rest by the caller's contract.
-        unsafe { ((*(*self.ep).msg).recv)(self.ep, buf.cast(), len, null_mut(), src, ctx) }
+        unsafe { ((*(*ep).msg).recv)(ep, buf.cast(), len, null_mut(), src, ctx) }
     }
 
-    /// Sends `len` bytes at `buf` to `dest`.
+    /// Sends `len` bytes at `buf` on rail 0 to `dest` (a peer's rail 0).
     ///
     /// # Safety
     /// `buf` must stay valid for `len` reads and `ctx` live and unmoved until the completion.
@@ -345,17 +368,20 @@ impl Endpoint {
         dest: sys::FiAddr,
         ctx: *mut c_void,
     ) -> isize {
+        let ep = self.eps[0];
         // SAFETY: a live endpoint's `msg` table; the rest by the caller's contract.
-        unsafe { ((*(*self.ep).msg).send)(self.ep, buf.cast(), len, null_mut(), dest, ctx) }
+        unsafe { ((*(*ep).msg).send)(ep, buf.cast(), len, null_mut(), dest, ctx) }
     }
 
-    /// Writes `len` bytes at `buf` to `dest`'s `(key, addr)`, with remote completion `data`.
+    /// Writes `len` bytes at `buf` on rail `rail` to `dest`'s `(key, addr)` (`dest`: the
+    /// peer's same rail), with remote completion `data`.
     ///
     /// # Safety
     /// As for [`Endpoint::send`].
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn writedata(
         &self,
+        rail: usize,
         buf: *const u8,
         len: usize,
         data: u64,
@@ -364,28 +390,22 @@ impl Endpoint {
         key: u64,
         ctx: *mut c_void,
     ) -> isize {
+        let ep = self.eps[rail];
         // SAFETY: a live endpoint's `rma` table; the rest by the caller's contract.
         unsafe {
-            ((*(*self.ep).rma).writedata)(
-                self.ep,
-                buf.cast(),
-                len,
-                null_mut(),
-                data,
-                dest,
-                addr,
-                key,
-                ctx,
-            )
+            ((*(*ep).rma).writedata)(ep, buf.cast(), len, null_mut(), data, dest, addr, key, ctx)
         }
     }
 
-    /// Reads `len` bytes of `src`'s `(key, addr)` into `buf`.
+    /// Reads `len` bytes of `src`'s `(key, addr)` into `buf` on rail `rail` (`src`: the
+    /// peer's same rail).
     ///
     /// # Safety
     /// `buf` must stay valid for `len` writes and `ctx` live and unmoved until the completion.
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn read(
         &self,
+        rail: usize,
         buf: *mut u8,
         len: usize,
         src: sys::FiAddr,
@@ -393,10 +413,9 @@ impl Endpoint {
         key: u64,
         ctx: *mut c_void,
     ) -> isize {
+        let ep = self.eps[rail];
         // SAFETY: a live endpoint's `rma` table; the rest by the caller's contract.
-        unsafe {
-            ((*(*self.ep).rma).read)(self.ep, buf.cast(), len, null_mut(), src, addr, key, ctx)
-        }
+        unsafe { ((*(*ep).rma).read)(ep, buf.cast(), len, null_mut(), src, addr, key, ctx) }
     }
 
     /// Reads completions into `out` (drives the provider's progress): how many, or the error
@@ -444,10 +463,12 @@ impl Endpoint {
 
 impl Drop for Endpoint {
     fn drop(&mut self) {
-        // SAFETY: each object is NULL or live and owned by `self`; closed once, endpoint first
-        // (it is bound to the CQ and AV), the description freed last.
+        // SAFETY: each object is NULL or live and owned by `self`; closed once, endpoints first
+        // (they are bound to the CQ and AV), the description freed last.
         unsafe {
-            close(self.ep.cast());
+            for &ep in &self.eps {
+                close(ep.cast());
+            }
             close(self.cq.cast());
             close(self.av.cast());
             close(self.domain.cast());

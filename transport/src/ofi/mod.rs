@@ -36,4 +36,4 @@ mod state;
 mod sys;
 mod wire;
 
-pub use device::{OfiDevice, connect, library, provider_from_env};
+pub use device::{OfiDevice, RAILS, connect, library, provider_from_env};

@@ -57,7 +57,10 @@ pub struct EagerSlot {
 
 /// What we know of one peer.
 pub struct PeerState {
-    pub addr: FiAddr,
+    /// The peer's rails in our address vector (its rail `r` for our rail `r`).
+    pub addrs: Vec<FiAddr>,
+    /// The rail of our next write or read to the peer (round robin).
+    next_rail: usize,
     pub desc: String,
     /// Clear-to-send entries the peer posted, with the key of the region each names.
     pub cts: Vec<(CtsEntry, u64)>,
@@ -85,9 +88,10 @@ pub struct PeerState {
 }
 
 impl PeerState {
-    pub fn new(addr: FiAddr, desc: String, depth: usize, eager_max: usize) -> PeerState {
+    pub fn new(addrs: Vec<FiAddr>, desc: String, depth: usize, eager_max: usize) -> PeerState {
         PeerState {
-            addr,
+            addrs,
+            next_rail: 0,
             desc,
             cts: vec![(CtsEntry::default(), 0); depth],
             imm: (0..depth).map(|_| ImmSlot::default()).collect(),
@@ -143,16 +147,19 @@ enum What {
     Recv { buf: Box<[u8]> },
     /// A message to `peer`; the buffer lives until sent.
     Send { peer: usize, buf: Vec<u8> },
-    /// A data write of `[src, src+len)` to `peer`'s `(key, addr)` with completion `data`.
+    /// A data write of `[src, src+len)` on `rail` to `peer`'s `(key, addr)` with completion
+    /// `data`.
     Write {
         peer: usize,
+        rail: usize,
         src: *const u8,
         len: usize,
         rma: (u64, u64, u64),
     },
-    /// A read of `peer`'s `(key, addr)` into `[dst, dst+len)`.
+    /// A read of `peer`'s `(key, addr)` on `rail` into `[dst, dst+len)`.
     Read {
         peer: usize,
+        rail: usize,
         dst: *mut u8,
         len: usize,
         rma: (u64, u64),
@@ -185,15 +192,17 @@ impl What {
                 &What::Write {
                     src,
                     len,
+                    rail,
                     rma: (addr, key, data),
                     ..
-                } => ep.writedata(src, len, data, to, addr, key, ctx),
+                } => ep.writedata(rail, src, len, data, to, addr, key, ctx),
                 &What::Read {
                     dst,
                     len,
+                    rail,
                     rma: (addr, key),
                     ..
-                } => ep.read(dst, len, to, addr, key, ctx),
+                } => ep.read(rail, dst, len, to, addr, key, ctx),
             }
         }
     }
@@ -256,10 +265,14 @@ impl State {
         let Some(peer) = what.peer() else {
             return Ok(sys::FI_ADDR_UNSPEC);
         };
+        let rail = match *what {
+            What::Write { rail, .. } | What::Read { rail, .. } => rail,
+            _ => 0,
+        };
         let p = self.peer(peer);
         match &p.dead {
             Some(why) => Err(format!("the peer {why}")),
-            None => Ok(p.addr),
+            None => Ok(p.addrs[rail]),
         }
     }
 
@@ -390,7 +403,16 @@ impl State {
         }
     }
 
-    /// Writes `[src, src+len)` to `peer`'s `(key, addr)` with completion data `data`.
+    /// The rail of the next write or read to `peer`.
+    fn rail(&mut self, peer: usize) -> usize {
+        let p = self.peer(peer);
+        let rail = p.next_rail;
+        p.next_rail = (rail + 1) % p.addrs.len();
+        rail
+    }
+
+    /// Writes `[src, src+len)` to `peer`'s `(key, addr)` with completion data `data`, on the
+    /// next rail.
     ///
     /// # Safety
     /// `src` must stay valid for `len` reads until the peer's `in_flight` drops back.
@@ -400,8 +422,10 @@ impl State {
         (src, len): (*const u8, usize),
         rma: (u64, u64, u64),
     ) -> Result<(), String> {
+        let rail = self.rail(peer);
         self.post(What::Write {
             peer,
+            rail,
             src,
             len,
             rma,
@@ -421,8 +445,10 @@ impl State {
         (dst, len): (*mut u8, usize),
         rma: (u64, u64),
     ) -> Result<usize, String> {
+        let rail = self.rail(peer);
         let id = self.post(What::Read {
             peer,
+            rail,
             dst,
             len,
             rma,
