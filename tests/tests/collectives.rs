@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use ampccl::{Communicator, ReduceOp, SharedBuf};
 use ampccl_tests::data::{TestElem, check, input, mix, reduced};
 use ampccl_tests::ofi::{self, Libfabric};
-use ampccl_tests::{Hosts, Launch, Outcome, each_dtype, err, init_comm, launch, worker};
+use ampccl_tests::{Hosts, Launch, Outcome, each_dtype, ensure, err, init_comm, launch, worker};
 
 /// Counts every dtype and op runs.
 const SMALL: [usize; 4] = [0, 1, 7, 1021];
@@ -32,6 +32,7 @@ fn worker_entry() {
             "sendrecv" => each_dtype!(sendrecv(c)),
             "barrier" => barrier(c)?,
             "topology" => topology(c)?,
+            "transport" => transport(c)?,
             s => return Err(format!("unknown scenario {s:?}")),
         }
         comm.destroy().map_err(err("destroy"))
@@ -624,6 +625,42 @@ fn topology(c: &Communicator) -> Outcome {
         return Err("a rank is not among its host's ranks".into());
     }
     Ok(())
+}
+
+/// The communicator runs on the provider `EXPECT_TRANSPORT` names, and a barrier passes.
+fn transport(c: &Communicator) -> Outcome {
+    let want = std::env::var("EXPECT_TRANSPORT").map_err(|e| format!("EXPECT_TRANSPORT: {e}"))?;
+    ensure(c.transport_name() == want, || {
+        format!("connected by {}, not {want}", c.transport_name())
+    })?;
+    barrier(c)
+}
+
+/// Across hosts without `AMPCCL_TRANSPORT`, `ofi` is taken where libfabric offers a provider
+/// that `AMPCCL_OFI_FABRICS` lists (here libfabric 2.4's `tcp`, standing in for `verbs` or
+/// `efa`), and TCP where it offers only socket providers (the default list names none).
+#[test]
+fn ofi_is_probed_across_hosts_on_a_fabric_only() {
+    let Some(hosts) = Hosts::new_or_skip(2) else {
+        return;
+    };
+    let on_fabric = Launch::new(2, "transport")
+        .on_hosts(&hosts, &[0, 1])
+        .env("AMPCCL_OFI_FABRICS", "tcp")
+        .env("EXPECT_TRANSPORT", "ofi");
+    if let Some(l) = ofi::over(on_fabric, Libfabric::IntelMpi("tcp")) {
+        l.env_remove("AMPCCL_TRANSPORT")
+            .env_remove("AMPCCL_OFI_PROVIDER")
+            .run();
+    }
+    let sockets = Launch::new(2, "transport")
+        .on_hosts(&hosts, &[0, 1])
+        .env("EXPECT_TRANSPORT", "tcp");
+    if let Some(l) = ofi::over(sockets, RXM) {
+        l.env_remove("AMPCCL_TRANSPORT")
+            .env_remove("AMPCCL_OFI_PROVIDER")
+            .run();
+    }
 }
 
 /// Runs `scenario` with rank `r` on emulated host `placement[r]` (a network namespace with a

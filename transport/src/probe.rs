@@ -1,9 +1,11 @@
 //! The ordered provider probe list (NCCL style: the first provider that can connect wins).
 //!
 //! Shared memory connects ranks of one host; the network providers connect any ranks: `ofi`
-//! (libfabric's RMA, for fabrics: it is probed when `AMPCCL_OFI_PROVIDER` names a libfabric
-//! provider), then TCP, ampccl's own, the default for plain Ethernet, where it is faster than
-//! libfabric's socket providers (docs/PERFORMANCE.md). `AMPCCL_TRANSPORT` names the provider to
+//! (libfabric's RMA) when `AMPCCL_OFI_PROVIDER` names a libfabric provider, or, across hosts,
+//! when libfabric offers an RDMA fabric's provider (`verbs`, `efa`, ...:
+//! [`crate::ofi::fabrics_from_env`]; rank 0 looks, and every rank must open it, else the
+//! communicator goes on to the next provider), then TCP, ampccl's own, the default for plain
+//! Ethernet, where it is faster than libfabric's socket providers (docs/PERFORMANCE.md). `AMPCCL_TRANSPORT` names the provider to
 //! use (`tcp`, `ofi`, or `shm` to insist on shared memory); `AMPCCL_SHM_DISABLE=1` skips shared
 //! memory, so ranks of one host talk over a network provider too (for tests and comparisons).
 //! A communicator uses one provider for all its pairs; ranks on several hosts take a network
@@ -37,15 +39,27 @@ impl Provider {
         }
     }
 
-    /// Whether this provider can connect the ranks of `boot` (`ofi` when asked for: by name,
-    /// or through `AMPCCL_OFI_PROVIDER`; whether libfabric opens shows when it connects).
+    /// Whether this provider may connect the ranks of `boot` (`ofi` when asked for, by name
+    /// or through `AMPCCL_OFI_PROVIDER`, or across hosts to look for a fabric: whether
+    /// libfabric opens shows when it connects, [`ofi_is_auto`]). Decided alike on every rank.
     pub fn can_connect(self, boot: &Bootstrap, forced: bool) -> bool {
+        let one_host = boot.host_ids().iter().all(|h| *h == boot.host_id());
         match self {
-            Provider::Shm => boot.host_ids().iter().all(|h| *h == boot.host_id()),
-            Provider::Ofi => forced || crate::ofi::provider_from_env().is_some(),
+            Provider::Shm => one_host,
+            Provider::Ofi => {
+                forced
+                    || crate::ofi::provider_from_env().is_some()
+                    || (!one_host && !crate::ofi::fabrics_from_env().is_empty())
+            }
             Provider::Tcp => true,
         }
     }
+}
+
+/// Whether `ofi`, once selected, only looks for a fabric (nobody asked for it by name): the
+/// communicator then goes on to TCP where there is none.
+pub fn ofi_is_auto(forced: Option<&str>) -> bool {
+    forced.is_none() && crate::ofi::provider_from_env().is_none()
 }
 
 /// Picks the provider for `boot`: the one `forced` names (the value of `AMPCCL_TRANSPORT`),

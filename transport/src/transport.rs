@@ -75,30 +75,19 @@ pub struct TransportConfig {
 }
 
 /// Connects the ranks of `boot`: the forced provider, else shared memory when every rank is on
-/// this host, TCP when every host has one rank (or shared memory is disabled), and shared
-/// memory within each host with TCP across hosts otherwise ([`crate::mixed`]).
+/// this host, `ofi` when asked for or on an RDMA fabric, TCP when every host has one rank (or
+/// shared memory is disabled), and shared memory within each host with TCP across hosts
+/// otherwise ([`crate::mixed`]).
 pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<dyn Transport>> {
     let provider = probe::select(boot, cfg.forced.as_deref(), cfg.shm_disable)?;
-    let topo = boot.topology();
-    // Several hosts, some with several ranks: shared memory serves the pairs within a host.
-    let mixed = provider == Provider::Tcp
-        && cfg.forced.is_none()
-        && !cfg.shm_disable
-        && topo.hosts() > 1
-        && topo.ranks_per_host() != Some(1);
-    if boot.rank() == 0 {
-        let how = if mixed {
-            "shared memory within hosts, tcp across"
-        } else {
-            provider.name()
-        };
-        tracing::info!("{} connected by {how}", topo.summary());
-    }
-    if mixed {
-        return Ok(mixed::connect(boot, cfg)?);
-    }
+    let say = |how: &str| {
+        if boot.rank() == 0 {
+            tracing::info!("{} connected by {how}", boot.topology().summary());
+        }
+    };
     match provider {
         Provider::Shm => {
+            say(provider.name());
             let shm_cfg = ShmConfig {
                 window: cfg.window,
                 depth: cfg.fifo_depth,
@@ -107,9 +96,37 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<dyn Transp
             };
             Ok(shm::connect(boot, &shm_cfg)?)
         }
-        Provider::Ofi => Ok(ofi::connect(boot, cfg)?),
-        Provider::Tcp => Ok(tcp::connect(boot, cfg)?),
+        Provider::Ofi => {
+            match ofi::connect(boot, cfg, probe::ofi_is_auto(cfg.forced.as_deref()))? {
+                Some(dev) => {
+                    say(provider.name());
+                    Ok(dev)
+                }
+                None => connect_tcp(boot, cfg, say),
+            }
+        }
+        Provider::Tcp => connect_tcp(boot, cfg, say),
     }
+}
+
+/// TCP between every pair, or, on several hosts some of which hold several ranks, shared
+/// memory within each host and TCP across.
+fn connect_tcp(
+    boot: &Bootstrap,
+    cfg: &TransportConfig,
+    say: impl Fn(&str),
+) -> Result<Arc<dyn Transport>> {
+    let topo = boot.topology();
+    let mixed = cfg.forced.is_none()
+        && !cfg.shm_disable
+        && topo.hosts() > 1
+        && topo.ranks_per_host() != Some(1);
+    if mixed {
+        say("shared memory within hosts, tcp across");
+        return Ok(mixed::connect(boot, cfg)?);
+    }
+    say(Provider::Tcp.name());
+    Ok(tcp::connect(boot, cfg)?)
 }
 
 impl Transport for ShmDevice {

@@ -12,7 +12,7 @@ use ampccl_runtime::task::CopyTo;
 use ampccl_runtime::{Error, Result};
 use rand::TryRngCore;
 
-use super::fabric::Endpoint;
+use super::fabric::{Endpoint, Pick};
 use super::state::{self, PeerState, State};
 use super::sys::{self, Lib};
 use super::wire::{self, Header, Kind};
@@ -67,6 +67,22 @@ pub fn provider_from_env() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// The core providers of RDMA fabrics, which ampccl takes across hosts without being asked
+/// (libfabric's socket providers lose to ampccl's own TCP provider on Ethernet).
+pub const FABRICS: &str = "verbs,efa,psm3,psm2,opx,cxi,ucx,usnic";
+
+/// The core providers `AMPCCL_OFI_FABRICS` lists (comma-separated; empty: none), else
+/// [`FABRICS`].
+pub fn fabrics_from_env() -> Vec<String> {
+    std::env::var("AMPCCL_OFI_FABRICS")
+        .unwrap_or_else(|_| FABRICS.into())
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
+}
+
 /// The `ofi` provider connected to every peer of a communicator.
 pub struct OfiDevice {
     rank: usize,
@@ -94,10 +110,16 @@ fn setup_err(what: &str) -> Error {
 }
 
 /// Connects this rank to every peer of `boot` through libfabric: rank 0 picks the provider
-/// (`AMPCCL_OFI_PROVIDER`, else the first suitable one, leaving out `shm` when the ranks span
-/// hosts) and the number of rails (`AMPCCL_OFI_RAILS`), every rank opens that many endpoints
-/// of it, and the ranks swap their addresses.
-pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<OfiDevice>> {
+/// (`auto`: the first of an RDMA fabric, [`fabrics_from_env`]; else `AMPCCL_OFI_PROVIDER`, else
+/// the first suitable one, leaving out `shm` when the ranks span hosts) and the number of
+/// rails (`AMPCCL_OFI_RAILS`), every rank opens that many endpoints of it, and the ranks swap
+/// their addresses. Where rank 0 finds no provider or some rank cannot open it, every rank
+/// fails with the reason, or, when `auto`, returns `None` (the caller takes another provider).
+pub fn connect(
+    boot: &Bootstrap,
+    cfg: &TransportConfig,
+    auto: bool,
+) -> Result<Option<Arc<OfiDevice>>> {
     let (rank, world) = (boot.rank(), boot.world());
     if world > 1 << 16 || cfg.fifo_depth > 1 << 16 {
         return Err(setup_err("at most 65536 ranks and FIFO slots"));
@@ -108,7 +130,13 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<OfiDevice>
     let chosen = if rank == 0 {
         let one_host = boot.host_ids().iter().all(|h| *h == boot.host_id());
         let rails = RAILS.get() as usize;
-        let opened = open_default(lib.clone(), provider_from_env().as_deref(), one_host, rails);
+        let opened = if auto {
+            let fabrics = fabrics_from_env();
+            lib.clone()
+                .and_then(|lib| Endpoint::open(lib, Pick::Among(&fabrics), rails))
+        } else {
+            open_default(lib.clone(), provider_from_env().as_deref(), one_host, rails)
+        };
         let msg = match &opened {
             Ok(e) => format!("ok\n{}\n{}", e.rails(), e.caps.provider),
             Err(why) => format!("error\n{why}"),
@@ -124,6 +152,12 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<OfiDevice>
             Some((n, name)) => (n.parse::<usize>().unwrap_or(0), name.to_string()),
             None => (0, String::new()),
         },
+        Some((_, why)) if auto => {
+            if rank == 0 {
+                tracing::debug!("ofi: not across these hosts: {why}");
+            }
+            return Ok(None);
+        }
         Some((_, why)) => return Err(Error::Remote(format!("ofi: rank 0: {why}"))),
         None => return Err(setup_err("rank 0 sent no provider")),
     };
@@ -131,22 +165,44 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<OfiDevice>
         return Err(setup_err("rank 0 sent no rail count"));
     }
     let ep = match ep {
-        Some(ep) => ep,
-        None => lib
-            .and_then(|lib| Endpoint::open(lib, Some(&name), rails))
-            .map_err(|why| Error::Remote(format!("ofi: {why}")))?,
+        Some(ep) => Ok(ep),
+        None => lib.and_then(|lib| Endpoint::open(lib, Pick::Named(&name), rails)),
     };
-    let mut mine = hostname().into_bytes();
-    mine.push(b'\n');
-    for rail in 0..rails {
-        let addr = ep.name(rail).map_err(|e| setup_err(&e))?;
-        mine.extend_from_slice(&(addr.len() as u16).to_le_bytes());
-        mine.extend_from_slice(&addr);
-    }
+    // Every rank tells whether it opened the provider, so that a host without the library
+    // or the device fails (or, when `auto`, declines) everywhere at once: 1, its host name
+    // and its rails' addresses, or 0 and why not.
+    let mine = match &ep {
+        Ok(ep) => {
+            let mut m = vec![1];
+            m.extend_from_slice(hostname().as_bytes());
+            m.push(b'\n');
+            for rail in 0..rails {
+                let addr = ep.name(rail).map_err(|e| setup_err(&e))?;
+                m.extend_from_slice(&(addr.len() as u16).to_le_bytes());
+                m.extend_from_slice(&addr);
+            }
+            m
+        }
+        Err(why) => [&[0][..], why.as_bytes()].concat(),
+    };
     let all = boot.allgather(TAG_ADDRS, &mine)?;
+    if let Some((r, e)) = all.iter().enumerate().find(|(_, e)| e.first() != Some(&1)) {
+        let why = format!(
+            "rank {r} cannot open {name}: {}",
+            String::from_utf8_lossy(e.get(1..).unwrap_or_default())
+        );
+        if auto {
+            if rank == 0 {
+                tracing::info!("ofi: not across these hosts: {why}");
+            }
+            return Ok(None);
+        }
+        return Err(Error::Remote(format!("ofi: {why}")));
+    }
+    let ep = ep.map_err(|why| Error::Remote(format!("ofi: {why}")))?;
     let mut peers = Vec::with_capacity(world);
     let mut descs = Vec::with_capacity(world);
-    for (r, entry) in all.iter().enumerate() {
+    for (r, entry) in all.iter().map(|e| &e[1..]).enumerate() {
         let split = entry
             .iter()
             .position(|&b| b == b'\n')
@@ -222,7 +278,7 @@ pub fn connect(boot: &Bootstrap, cfg: &TransportConfig) -> Result<Arc<OfiDevice>
         .name("ampccl-ofi-progress".into())
         .spawn(move || progress_thread(weak))
         .map_err(|e| Error::system("ofi: spawn the progress thread", e))?;
-    Ok(dev)
+    Ok(Some(dev))
 }
 
 /// Opens the endpoints rank 0 chooses: `named`, else the first suitable provider other than
@@ -234,15 +290,15 @@ fn open_default(
     rails: usize,
 ) -> std::result::Result<Endpoint, String> {
     let lib = lib?;
-    if named.is_some() {
-        return Endpoint::open(lib, named, rails);
+    if let Some(name) = named {
+        return Endpoint::open(lib, Pick::Named(name), rails);
     }
-    let first = Endpoint::open(lib, None, rails)?;
+    let first = Endpoint::open(lib, Pick::First, rails)?;
     if first.caps.provider != "shm" || one_host {
         return Ok(first);
     }
     drop(first);
-    Endpoint::open(lib, Some("tcp;ofi_rxm"), rails)
+    Endpoint::open(lib, Pick::Named("tcp;ofi_rxm"), rails)
 }
 
 /// The `rails` addresses of a peer's entry (each a 2-byte length and the address), or `None`

@@ -76,10 +76,37 @@ unsafe fn close(fid: *mut Fid) {
     }
 }
 
+/// Which libfabric provider to open.
+#[derive(Clone, Copy, Debug)]
+pub enum Pick<'a> {
+    /// The provider of this name (`tcp;ofi_rxm`, `verbs;ofi_rxm`, `efa`, ...).
+    Named(&'a str),
+    /// The first suitable one.
+    First,
+    /// The first suitable one whose core provider (the name before any `;`) is listed.
+    Among(&'a [String]),
+}
+
+impl Pick<'_> {
+    fn accepts(&self, name: &str) -> bool {
+        match self {
+            Pick::Named(_) | Pick::First => true,
+            Pick::Among(cores) => {
+                let core = name.split(';').next().unwrap_or(name);
+                cores.iter().any(|c| c == core)
+            }
+        }
+    }
+}
+
 /// The provider descriptions of `fi_getinfo` for reliable-datagram endpoints with messages
-/// and RMA (and `provider`'s only, if given): the first one that carries at
-/// least 4 bytes of remote completion data.
-fn getinfo(lib: &Lib, provider: Option<&str>) -> Result<*mut sys::Info, String> {
+/// and RMA (the named provider's only, if `pick` names one): the first that `pick` accepts
+/// and that carries at least 4 bytes of remote completion data.
+fn getinfo(lib: &Lib, pick: Pick) -> Result<*mut sys::Info, String> {
+    let provider = match pick {
+        Pick::Named(p) => Some(p),
+        _ => None,
+    };
     // SAFETY: fi_dupinfo(NULL) allocates zeroed hints with all attribute structs (what
     // fi_allocinfo does); every field set below exists in the 1.x layout.
     let hints = unsafe { (lib.dupinfo)(null()) };
@@ -118,8 +145,13 @@ fn getinfo(lib: &Lib, provider: Option<&str>) -> Result<*mut sys::Info, String> 
     let mut found = null_mut();
     while !cur.is_null() {
         // SAFETY: a node of the list fi_getinfo returned.
-        let d = unsafe { &*(*cur).domain_attr };
-        if d.cq_data_size >= 4 {
+        let (d, name) = unsafe {
+            (
+                &*(*cur).domain_attr,
+                sys::text((*(*cur).fabric_attr).prov_name),
+            )
+        };
+        if d.cq_data_size >= 4 && pick.accepts(&name) {
             // SAFETY: as above; the copy is freed by the endpoint.
             found = unsafe { (lib.dupinfo)(cur) };
             break;
@@ -130,7 +162,14 @@ fn getinfo(lib: &Lib, provider: Option<&str>) -> Result<*mut sys::Info, String> 
     // SAFETY: the list fi_getinfo returned, not used again.
     unsafe { (lib.freeinfo)(list) };
     if found.is_null() {
-        return Err("no provider carries 4 bytes of remote completion data".into());
+        return Err(match pick {
+            Pick::Among(cores) => format!(
+                "no provider of {} with reliable datagrams, RMA and 4 bytes of remote \
+                 completion data",
+                cores.join(", ")
+            ),
+            _ => "no provider carries 4 bytes of remote completion data".into(),
+        });
     }
     Ok(found)
 }
@@ -145,21 +184,13 @@ fn check(lib: &Lib, what: &str, rc: c_int) -> Result<(), String> {
 }
 
 impl Endpoint {
-    /// Opens `rails` endpoints of `provider` (else of the first suitable one).
-    pub fn open(
-        lib: &'static Lib,
-        provider: Option<&str>,
-        rails: usize,
-    ) -> Result<Endpoint, String> {
-        sys::keeping_signal_handlers(|| Endpoint::open_inner(lib, provider, rails.max(1)))
+    /// Opens `rails` endpoints of the provider `pick` picks.
+    pub fn open(lib: &'static Lib, pick: Pick, rails: usize) -> Result<Endpoint, String> {
+        sys::keeping_signal_handlers(|| Endpoint::open_inner(lib, pick, rails.max(1)))
     }
 
-    fn open_inner(
-        lib: &'static Lib,
-        provider: Option<&str>,
-        rails: usize,
-    ) -> Result<Endpoint, String> {
-        let info = getinfo(lib, provider)?;
+    fn open_inner(lib: &'static Lib, pick: Pick, rails: usize) -> Result<Endpoint, String> {
+        let info = getinfo(lib, pick)?;
         let mut e = Endpoint {
             lib,
             info,

@@ -36,4 +36,6 @@ mod state;
 mod sys;
 mod wire;
 
-pub use device::{OfiDevice, RAILS, connect, library, provider_from_env};
+pub use device::{
+    FABRICS, OfiDevice, RAILS, connect, fabrics_from_env, library, provider_from_env,
+};
