@@ -11,11 +11,10 @@
 //! Let rank `r` complete its `rx_ack` from `q` of barrier `n`. Every operation on the link
 //! `q → r` that uses acks is issued in the same order on both ranks (the rule for every
 //! operation of a communicator), and each pairs one `tx_ack` on one side with one `rx_ack` on
-//! the other: barriers (each direction), and the per-chunk buffer-free handshake of Send/Recv
-//! (the receiver acks, the sender waits). So if `r`'s barrier-`n` wait is its `k`-th `rx_ack`
-//! from `q`, exactly `k - 1` acks precede `q`'s barrier-`n` ack, and the counter reaches `k`
-//! only through it — an ack of barrier `n - 1` (or of a Send/Recv chunk) is already consumed
-//! by an earlier wait and cannot satisfy this one. `q` issues that ack when its stream reaches
+//! the other (barriers, each direction, are the only users). So if `r`'s barrier-`n` wait is
+//! its `k`-th `rx_ack` from `q`, exactly `k - 1` acks precede `q`'s barrier-`n` ack, and the
+//! counter reaches `k` only through it — an ack of barrier `n - 1` is already consumed by an
+//! earlier wait and cannot satisfy this one. `q` issues that ack when its stream reaches
 //! barrier `n`, i.e. after `q` entered it. Hence `r` leaves only after every `q` entered. ∎
 //!
 //! A second round (or a dissemination barrier's log rounds) is needed only with flags that are

@@ -1,11 +1,10 @@
 //! `Recv`: the receiving half of a point-to-point transfer (HCCL's chunked loop through the CCL buffer).
 //!
 //! Chunks of half the CCL input buffer, the same as [`crate::algorithms::send`] computes. For
-//! each chunk: ack the sender (the slot is free), post the receive into slot `c % 2` of
-//! `CclIn` — or straight into the user's output when the link writes user memory —, wait for
-//! the data, copy it to the output. Chunk `c + 1` is acked and posted before chunk `c` is
-//! copied out, so the sender's next write overlaps the copy. Runs the tail of
-//! [`crate::steps::pipe::relay`] with the ack handshake.
+//! each chunk: post the receive into slot `c % 2` of `CclIn` — or straight into the user's
+//! output when the link writes user memory —, wait for the data, copy it to the output. Chunk
+//! `c + 1` is posted before chunk `c` is copied out, so the sender's next write overlaps the
+//! copy. Runs the tail of [`crate::steps::pipe::relay`].
 
 use ampccl_runtime::Result;
 
@@ -31,7 +30,6 @@ impl Executor for Recv {
         let pipe = Pipe {
             from: Some(p.root),
             to: None,
-            handshake: true,
             bound,
         };
         let mut stage = Deliver {

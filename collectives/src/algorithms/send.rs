@@ -2,11 +2,14 @@
 //!
 //! The message goes in chunks of half the CCL input buffer — the receiver's slots, so both
 //! sides derive the same chunking from the byte count and the buffer size (see
-//! [`crate::algorithms::recv`]). For each chunk: wait for the receiver's ack (its slot is
-//! free), write the chunk from the user's input into the receive the peer posted, complete the
-//! write. A message of zero bytes is still one empty transfer, so a 0-vs-N mismatch fails on
-//! both sides instead of passing silently. Runs the head of
-//! [`crate::steps::pipe::relay`] with the ack handshake.
+//! [`crate::algorithms::recv`]). For each chunk: write it from the user's input into the
+//! receive the peer posted (a rendezvous write waits for the peer's clear-to-send, which it
+//! posts only once the slot is free; an eager one lands in the link's eager slot, which the
+//! peer's credits keep free), complete the write. No buffer-free ack precedes a chunk (HCCL's
+//! `TxAck`/`RxAck`): the receiver-driven protocol already holds a chunk back until the peer
+//! is ready, and the ack's round trip tripled a small message's time across hosts. A message
+//! of zero bytes is still one empty transfer, so a 0-vs-N mismatch fails on both sides
+//! instead of passing silently. Runs the head of [`crate::steps::pipe::relay`].
 //!
 //! Links to every peer are requested: the resources are cached per algorithm, not per peer.
 
@@ -52,7 +55,6 @@ impl Executor for Send {
         let pipe = Pipe {
             from: None,
             to: Some(p.root),
-            handshake: true,
             bound,
         };
         let mut stage = Deliver {

@@ -17,8 +17,9 @@
 //! - chunk `c` lands in slot `c` of a [`Window`] of chunk-sized slots in `CclIn`; slot `c + 1`
 //!   never overlaps slot `c`, and memory of chunk `c - 1` is re-posted only after that chunk
 //!   was forwarded (`send_done`) and consumed (`forwarded`): tasks of a stream run in order;
-//! - with a handshake (Send/Recv), the receiver acks each chunk right before posting it and the
-//!   sender waits for that ack before writing (HCCL's `TxAck`/`RxAck`).
+//! - a sender needs no word that the receiver's slot is free: a rendezvous write waits for the
+//!   receiver's clear-to-send, posted only when the slot is, and an eager message lands in the
+//!   link's own eager slots.
 
 use ampccl_runtime::Result;
 use ampccl_runtime::param::{Param, Unit};
@@ -216,8 +217,6 @@ pub trait Stage {
 pub struct Pipe {
     pub from: Option<usize>,
     pub to: Option<usize>,
-    /// Ack each chunk before it is sent (Send/Recv's buffer-free handshake).
-    pub handshake: bool,
     /// The most bytes of one chunk.
     pub bound: ChunkBound,
 }
@@ -238,9 +237,6 @@ pub fn relay(
             return Ok(());
         };
         let (off, len) = chunks.get(c);
-        if pipe.handshake {
-            res.tasks.tx_ack(MAIN, from)?;
-        }
         res.tasks
             .rx_async(MAIN, from, stage.at(off, window.slot(c)), len)
     };
@@ -257,9 +253,6 @@ pub fn relay(
         let at = stage.at(off, window.slot(c));
         let src = stage.arrived(res, off, len, at)?;
         if let Some(to) = pipe.to {
-            if pipe.handshake {
-                res.tasks.rx_ack(MAIN, to)?;
-            }
             res.tasks.tx_async(MAIN, to, src, len)?;
         }
         stage.forwarded(res, off, len, at)?;
@@ -326,7 +319,6 @@ pub fn run_chain(
     let pipe = Pipe {
         from,
         to,
-        handshake: false,
         bound: ChunkBound::new(res.ccl_in_size, p.elem()),
     };
     let min_chunk = if res.topology.hosts() > 1 {
