@@ -409,6 +409,27 @@ fn ofi_allreduce_mixed_w2_rails() {
     }
 }
 
+/// Over `ofi` with every local buffer registered (`AMPCCL_OFI_MR_LOCAL=1`: the path of
+/// providers that ask for `FI_MR_LOCAL`, as `verbs` and `efa` do): messages from the pool of
+/// registered buffers, the sources of writes and the destinations of reads registered each.
+#[test]
+fn ofi_local_registrations() {
+    for lib in [RXM, Libfabric::IntelMpi("tcp")] {
+        let mixed = Launch::new(3, "allreduce_mixed").env("AMPCCL_OFI_MR_LOCAL", "1");
+        let pair = Launch::new(2, "broadcast")
+            .env("AMPCCL_OFI_MR_LOCAL", "1")
+            .env("AMPCCL_ALGO_BROADCAST", "BroadcastPair");
+        for l in [mixed, pair] {
+            if let Some(l) = ofi::over(l.env("AMPCCL_LOG", "info"), lib) {
+                for r in l.run() {
+                    let registered = r.stderr.contains("local buffers registered");
+                    assert!(registered, "{}", r.stderr_tail(20));
+                }
+            }
+        }
+    }
+}
+
 /// Over TCP, the 2-rank pairs (reads of the peer's offered memory, writes into it).
 #[test]
 fn tcp_allreduce_w2_pair() {

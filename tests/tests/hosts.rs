@@ -133,15 +133,26 @@ fn start_server(
     let mut c = helper_cmd(hosts, i, &format!("serve {}:{port}", hosts.addr(i)))
         .spawn()
         .expect("spawn the server");
-    let mut out = BufReader::new(c.stdout.take().unwrap());
+    // The server is reaped before a failure is reported.
+    let fail = |c: &mut Child, why: String| -> ! {
+        let _ = c.kill();
+        let _ = c.wait();
+        panic!("server in host {i}: {why}");
+    };
+    let Some(stdout) = c.stdout.take() else {
+        fail(&mut c, "no stdout".into())
+    };
+    let mut out = BufReader::new(stdout);
     let mut line = String::new();
     loop {
         line.clear();
-        let n = out.read_line(&mut line).unwrap();
-        assert!(n > 0, "the server in host {i} exited before listening");
-        if let Some(s) = said(&line) {
-            assert_eq!(s, "listening", "server in host {i}");
-            return (c, out);
+        if out.read_line(&mut line).unwrap_or(0) == 0 {
+            fail(&mut c, "exited before listening".into());
+        }
+        match said(&line) {
+            Some("listening") => return (c, out),
+            Some(s) => fail(&mut c, format!("said {s:?}, not \"listening\"")),
+            None => {}
         }
     }
 }

@@ -10,7 +10,6 @@ use ampccl_runtime::mem::HostBuffer;
 use ampccl_runtime::param::{Param, Unit};
 use ampccl_runtime::task::CopyTo;
 use ampccl_runtime::{Error, Result};
-use rand::TryRngCore;
 
 use super::fabric::{Endpoint, Pick};
 use super::state::{self, PeerState, State};
@@ -69,7 +68,7 @@ pub fn provider_from_env() -> Option<String> {
 
 /// The core providers of RDMA fabrics, which ampccl takes across hosts without being asked
 /// (libfabric's socket providers lose to ampccl's own TCP provider on Ethernet).
-pub const FABRICS: &str = "verbs,efa,psm3,psm2,opx,cxi,ucx,usnic";
+pub const FABRICS: &str = "verbs,efa,psm3,psm2,opx,ucx,usnic";
 
 /// The core providers `AMPCCL_OFI_FABRICS` lists (comma-separated; empty: none), else
 /// [`FABRICS`].
@@ -101,8 +100,6 @@ pub struct OfiDevice {
     failed: AtomicBool,
     ops: OpLog,
     timeout: Duration,
-    /// The next application-chosen memory key (random start: peers cannot guess keys).
-    next_key: Mutex<u64>,
 }
 
 fn setup_err(what: &str) -> Error {
@@ -240,13 +237,9 @@ pub fn connect(
     }
     // Every rank's receives are posted before anyone sends.
     boot.barrier(TAG_READY)?;
-    let mut key = [0u8; 8];
-    rand::rngs::OsRng
-        .try_fill_bytes(&mut key)
-        .map_err(|e| Error::system("ofi: OS random number generator", e))?;
     tracing::info!(
         "rank {rank}: ofi: libfabric {version}, provider {}, {rails} rail(s) ({} progress, {} \
-         keys, registered memory addressed by {})",
+         keys, registered memory addressed by {}{})",
         caps.provider,
         if caps.manual { "manual" } else { "auto" },
         if caps.prov_key {
@@ -255,6 +248,11 @@ pub fn connect(
             "application"
         },
         if caps.virt_addr { "address" } else { "offset" },
+        if caps.local_mr {
+            ", local buffers registered"
+        } else {
+            ""
+        },
     );
     let dev = Arc::new(OfiDevice {
         rank,
@@ -271,7 +269,6 @@ pub fn connect(
         failed: AtomicBool::new(false),
         ops: OpLog::default(),
         timeout: boot.timeout(),
-        next_key: Mutex::new(u64::from_le_bytes(key) >> 2),
     });
     let weak = Arc::downgrade(&dev);
     std::thread::Builder::new()
@@ -499,13 +496,8 @@ impl RmaDevice for OfiDevice {
             } else {
                 sys::FI_REMOTE_WRITE
             };
-            let key = {
-                let mut k = self.next_key.lock().unwrap_or_else(|e| e.into_inner());
-                *k = k.wrapping_add(1);
-                *k
-            };
             let mr =
-                s.ep.register(entry.addr as *const u8, entry.size as usize, access, key)
+                s.ep.register(entry.addr as *const u8, entry.size as usize, access)
                     .map_err(|why| self.post_err(peer, "a clear-to-send", why))?;
             let rkey = mr.key;
             s.peer(peer).regions[slot] = Some(mr);

@@ -14,6 +14,8 @@ use std::ffi::{CString, c_int, c_void};
 use std::os::fd::RawFd;
 use std::ptr::{null, null_mut};
 
+use rand::TryRngCore;
+
 use super::sys::{self, Fid, Lib};
 
 /// What the provider offers, as the device needs it.
@@ -25,6 +27,10 @@ pub struct Caps {
     pub virt_addr: bool,
     /// The provider picks memory keys (else the application does).
     pub prov_key: bool,
+    /// Local buffers of sends, receives, writes and reads must be registered too
+    /// (`FI_MR_LOCAL`, as `verbs` and `efa` ask; `AMPCCL_OFI_MR_LOCAL=1` registers them where
+    /// the provider does not ask, which runs that path over socket providers).
+    pub local_mr: bool,
     /// Data progress is manual (only our calls move data).
     pub manual: bool,
 }
@@ -40,6 +46,8 @@ pub struct Endpoint {
     /// The rails; messages go on rail 0.
     eps: Vec<*mut sys::FidEp>,
     wait_fd: Option<RawFd>,
+    /// The last application-chosen memory key (random start: peers cannot guess keys).
+    last_key: u64,
     pub caps: Caps,
 }
 
@@ -52,6 +60,19 @@ pub struct Mr {
     mr: *mut sys::FidMr,
     /// The key a peer names the memory by.
     pub key: u64,
+}
+
+impl Mr {
+    /// The descriptor local operations on the memory pass (`fi_mr_desc`).
+    pub fn desc(&self) -> *mut c_void {
+        // SAFETY: a live registration this value owns.
+        unsafe { (*self.mr).mem_desc }
+    }
+}
+
+/// The descriptor of `mr`, or none.
+pub fn desc(mr: &Option<Mr>) -> *mut c_void {
+    mr.as_ref().map_or(null_mut(), Mr::desc)
 }
 
 // SAFETY: a registration handle; closed once, on drop, under the endpoint's lock (it lives in
@@ -121,7 +142,8 @@ fn getinfo(lib: &Lib, pick: Pick) -> Result<*mut sys::Info, String> {
         h.mode = sys::FI_CONTEXT | sys::FI_CONTEXT2;
         (*h.ep_attr).ep_type = sys::FI_EP_RDM;
         let d = &mut *h.domain_attr;
-        d.mr_mode = sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY;
+        d.mr_mode =
+            sys::FI_MR_LOCAL | sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY;
         d.threading = sys::FI_THREAD_DOMAIN;
         d.av_type = sys::FI_AV_TABLE;
         if let Some(p) = provider {
@@ -174,6 +196,15 @@ fn getinfo(lib: &Lib, pick: Pick) -> Result<*mut sys::Info, String> {
     Ok(found)
 }
 
+/// A random start for application-chosen memory keys, below 2^62 (keys count up from it).
+fn random_key() -> Result<u64, String> {
+    let mut key = [0u8; 8];
+    rand::rngs::OsRng
+        .try_fill_bytes(&mut key)
+        .map_err(|e| format!("the OS random number generator: {e}"))?;
+    Ok(u64::from_le_bytes(key) >> 2)
+}
+
 /// Fails with libfabric's message for a negative return code.
 fn check(lib: &Lib, what: &str, rc: c_int) -> Result<(), String> {
     if rc == 0 {
@@ -200,6 +231,7 @@ impl Endpoint {
             cq: null_mut(),
             eps: Vec::with_capacity(rails),
             wait_fd: None,
+            last_key: random_key()?,
             // SAFETY: `info` is a valid description (getinfo).
             caps: unsafe {
                 let d = &*(*info).domain_attr;
@@ -207,6 +239,8 @@ impl Endpoint {
                     provider: sys::text((*(*info).fabric_attr).prov_name),
                     virt_addr: d.mr_mode & sys::FI_MR_VIRT_ADDR != 0,
                     prov_key: d.mr_mode & sys::FI_MR_PROV_KEY != 0,
+                    local_mr: d.mr_mode & sys::FI_MR_LOCAL != 0
+                        || std::env::var("AMPCCL_OFI_MR_LOCAL").is_ok_and(|v| v == "1"),
                     manual: d.data_progress == sys::FI_PROGRESS_MANUAL,
                 }
             },
@@ -340,15 +374,12 @@ impl Endpoint {
         Ok(out)
     }
 
-    /// Registers `[ptr, ptr + len)` for peers' `access` (`FI_REMOTE_WRITE`/`FI_REMOTE_READ`)
-    /// under `key` (ignored where the provider picks keys).
-    pub fn register(
-        &self,
-        ptr: *const u8,
-        len: usize,
-        access: u64,
-        key: u64,
-    ) -> Result<Mr, String> {
+    /// Registers `[ptr, ptr + len)` for `access`: peers' (`FI_REMOTE_WRITE`/`FI_REMOTE_READ`)
+    /// or our own operations' (`FI_SEND`, `FI_RECV`, `FI_WRITE`, `FI_READ`), under a fresh
+    /// application key unless the provider picks keys.
+    pub fn register(&mut self, ptr: *const u8, len: usize, access: u64) -> Result<Mr, String> {
+        self.last_key = self.last_key.wrapping_add(1);
+        let key = self.last_key;
         let mut mr = null_mut();
         // SAFETY: a live domain's `mr` table holds `reg`; the memory stays valid while the
         // registration lives (the device closes it when the transfer completes).
@@ -372,7 +403,8 @@ impl Endpoint {
     }
 
     /// Posts a receive of up to `len` bytes into `buf` on rail 0, from `src` only (or any
-    /// sender: `FI_ADDR_UNSPEC`).
+    /// sender: `FI_ADDR_UNSPEC`). In this and the calls below, `desc` is the descriptor of the
+    /// local buffer's registration (NULL where the provider needs none, [`Caps::local_mr`]).
     ///
     /// # Safety
     /// `buf` must stay valid for `len` writes and `ctx` live and unmoved until the completion.
@@ -380,12 +412,13 @@ impl Endpoint {
         &self,
         buf: *mut u8,
         len: usize,
+        desc: *mut c_void,
         src: sys::FiAddr,
         ctx: *mut c_void,
     ) -> isize {
         let ep = self.eps[0];
         // SAFETY: a live endpoint's `msg` table; the rest by the caller's contract.
-        unsafe { ((*(*ep).msg).recv)(ep, buf.cast(), len, null_mut(), src, ctx) }
+        unsafe { ((*(*ep).msg).recv)(ep, buf.cast(), len, desc, src, ctx) }
     }
 
     /// Sends `len` bytes at `buf` on rail 0 to `dest` (a peer's rail 0).
@@ -396,12 +429,13 @@ impl Endpoint {
         &self,
         buf: *const u8,
         len: usize,
+        desc: *mut c_void,
         dest: sys::FiAddr,
         ctx: *mut c_void,
     ) -> isize {
         let ep = self.eps[0];
         // SAFETY: a live endpoint's `msg` table; the rest by the caller's contract.
-        unsafe { ((*(*ep).msg).send)(ep, buf.cast(), len, null_mut(), dest, ctx) }
+        unsafe { ((*(*ep).msg).send)(ep, buf.cast(), len, desc, dest, ctx) }
     }
 
     /// Writes `len` bytes at `buf` on rail `rail` to `dest`'s `(key, addr)` (`dest`: the
@@ -415,6 +449,7 @@ impl Endpoint {
         rail: usize,
         buf: *const u8,
         len: usize,
+        desc: *mut c_void,
         data: u64,
         dest: sys::FiAddr,
         addr: u64,
@@ -423,9 +458,7 @@ impl Endpoint {
     ) -> isize {
         let ep = self.eps[rail];
         // SAFETY: a live endpoint's `rma` table; the rest by the caller's contract.
-        unsafe {
-            ((*(*ep).rma).writedata)(ep, buf.cast(), len, null_mut(), data, dest, addr, key, ctx)
-        }
+        unsafe { ((*(*ep).rma).writedata)(ep, buf.cast(), len, desc, data, dest, addr, key, ctx) }
     }
 
     /// Reads `len` bytes of `src`'s `(key, addr)` into `buf` on rail `rail` (`src`: the
@@ -439,6 +472,7 @@ impl Endpoint {
         rail: usize,
         buf: *mut u8,
         len: usize,
+        desc: *mut c_void,
         src: sys::FiAddr,
         addr: u64,
         key: u64,
@@ -446,7 +480,7 @@ impl Endpoint {
     ) -> isize {
         let ep = self.eps[rail];
         // SAFETY: a live endpoint's `rma` table; the rest by the caller's contract.
-        unsafe { ((*(*ep).rma).read)(ep, buf.cast(), len, null_mut(), src, addr, key, ctx) }
+        unsafe { ((*(*ep).rma).read)(ep, buf.cast(), len, desc, src, addr, key, ctx) }
     }
 
     /// Reads completions into `out` (drives the provider's progress): how many, or the error

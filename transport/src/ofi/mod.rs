@@ -20,7 +20,18 @@
 //!   completes once both are in, whatever order the provider delivered them in, and the
 //!   region's registration closes;
 //! - eager messages, credits, acks and failure notes are messages into receives posted for
-//!   any sender; each message names its sender's rank (a message naming no peer is dropped).
+//!   any sender; each message names its sender's rank (a message naming no peer is dropped);
+//! - large writes are cut into pieces that go round robin over several endpoints (*rails*,
+//!   `AMPCCL_OFI_RAILS`) of one domain, each with its own connections where the provider
+//!   runs over sockets, all completing on one queue.
+//!
+//! Registration follows the provider's memory-registration mode: regions addressed by virtual
+//! address or by offset, keys the provider or we pick (fresh random-started ones, unique in
+//! the domain), and, where it asks for `FI_MR_LOCAL` (`verbs`, `efa`), registered local
+//! buffers too: receives registered once, messages copied into a pool of registered buffers,
+//! the sources of writes and destinations of reads registered per operation.
+//! `FI_MR_ENDPOINT` (memory bound to an endpoint, as `cxi` asks) is not supported: such a
+//! provider is not offered by `fi_getinfo` for our hints.
 //!
 //! All libfabric calls happen under one lock ([`state`]). Every poll of the device reads the
 //! completion queue, which drives the provider: libfabric 1.17's `tcp;ofi_rxm` and `shm` make

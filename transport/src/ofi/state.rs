@@ -15,7 +15,7 @@ use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
-use super::fabric::{Endpoint, Mr};
+use super::fabric::{self, Endpoint, Mr};
 use super::sys::{self, Context2, FiAddr};
 use super::wire::{self, Header, Kind};
 use crate::device::CtsEntry;
@@ -143,10 +143,15 @@ impl PeerState {
 /// What a posted operation is: what it needs to be posted (again, after the provider said
 /// it was busy) and, at its completion, what to do.
 enum What {
-    /// A receive from any peer into `buf`.
-    Recv { buf: Box<[u8]> },
-    /// A message to `peer`; the buffer lives until sent.
-    Send { peer: usize, buf: Vec<u8> },
+    /// A receive from any peer into `buf` (registered where the provider asks).
+    Recv { buf: Box<[u8]>, mr: Option<Mr> },
+    /// A message of `len` bytes at `buf` to `peer`; the buffer lives until sent.
+    Send {
+        peer: usize,
+        buf: Box<[u8]>,
+        len: usize,
+        mr: Option<Mr>,
+    },
     /// A data write of `[src, src+len)` on `rail` to `peer`'s `(key, addr)` with completion
     /// `data`.
     Write {
@@ -155,6 +160,7 @@ enum What {
         src: *const u8,
         len: usize,
         rma: (u64, u64, u64),
+        mr: Option<Mr>,
     },
     /// A read of `peer`'s `(key, addr)` on `rail` into `[dst, dst+len)`.
     Read {
@@ -163,6 +169,7 @@ enum What {
         dst: *mut u8,
         len: usize,
         rma: (u64, u64),
+        mr: Option<Mr>,
     },
 }
 
@@ -187,22 +194,42 @@ impl What {
         // SAFETY: as the function's contract says.
         unsafe {
             match self {
-                What::Recv { buf } => ep.recv(buf.as_ptr().cast_mut(), buf.len(), to, ctx),
-                What::Send { buf, .. } => ep.send(buf.as_ptr(), buf.len(), to, ctx),
-                &What::Write {
+                What::Recv { buf, mr } => ep.recv(
+                    buf.as_ptr().cast_mut(),
+                    buf.len(),
+                    fabric::desc(mr),
+                    to,
+                    ctx,
+                ),
+                What::Send { buf, len, mr, .. } => {
+                    ep.send(buf.as_ptr(), *len, fabric::desc(mr), to, ctx)
+                }
+                What::Write {
                     src,
                     len,
                     rail,
                     rma: (addr, key, data),
+                    mr,
                     ..
-                } => ep.writedata(rail, src, len, data, to, addr, key, ctx),
-                &What::Read {
+                } => ep.writedata(
+                    *rail,
+                    *src,
+                    *len,
+                    fabric::desc(mr),
+                    *data,
+                    to,
+                    *addr,
+                    *key,
+                    ctx,
+                ),
+                What::Read {
                     dst,
                     len,
                     rail,
                     rma: (addr, key),
+                    mr,
                     ..
-                } => ep.read(rail, dst, len, to, addr, key, ctx),
+                } => ep.read(*rail, *dst, *len, fabric::desc(mr), to, *addr, *key, ctx),
             }
         }
     }
@@ -223,6 +250,9 @@ pub struct State {
     backlog: VecDeque<(usize, Op)>,
     /// Reads completed, by context address, until their waiter takes them.
     reads_done: Vec<usize>,
+    /// Registered message buffers not in use (where the provider asks for local
+    /// registrations: a message is copied into one instead of registering each).
+    send_pool: Vec<(Box<[u8]>, Mr)>,
     /// Our rank, which every message names.
     rank: usize,
     pub depth: usize,
@@ -247,6 +277,7 @@ impl State {
             ops: HashMap::new(),
             backlog: VecDeque::new(),
             reads_done: Vec::new(),
+            send_pool: Vec::new(),
             rank,
             depth,
             eager_max,
@@ -349,9 +380,50 @@ impl State {
         }
     }
 
-    /// Posts one receive from any peer into `buf`.
+    /// Registers `[ptr, ptr + len)` for our own operations' `access` where the provider asks.
+    fn local(&mut self, ptr: *const u8, len: usize, access: u64) -> Result<Option<Mr>, String> {
+        if !self.ep.caps.local_mr {
+            return Ok(None);
+        }
+        self.ep.register(ptr, len, access).map(Some)
+    }
+
+    /// Posts one receive from any peer into `buf` (registering it where the provider asks).
     pub fn post_recv(&mut self, buf: Box<[u8]>) -> Result<(), String> {
-        self.post(What::Recv { buf }).map(drop)
+        let mr = self.local(buf.as_ptr(), buf.len(), sys::FI_RECV)?;
+        self.post(What::Recv { buf, mr }).map(drop)
+    }
+
+    /// Posts a message to `peer`: from `msg` itself, or copied into a registered buffer of
+    /// the pool where the provider asks for local registrations.
+    fn post_send(&mut self, peer: usize, msg: Vec<u8>) -> Result<(), String> {
+        let len = msg.len();
+        if !self.ep.caps.local_mr {
+            let buf = msg.into_boxed_slice();
+            return self
+                .post(What::Send {
+                    peer,
+                    buf,
+                    len,
+                    mr: None,
+                })
+                .map(drop);
+        }
+        let msg_max = wire::HEADER + self.eager_max.max(wire::MAX_TEXT);
+        if len > msg_max {
+            return Err(format!("a message of {len} bytes (at most {msg_max})"));
+        }
+        let (mut buf, mr) = match self.send_pool.pop() {
+            Some(b) => b,
+            None => {
+                let buf = vec![0u8; msg_max].into_boxed_slice();
+                let mr = self.ep.register(buf.as_ptr(), buf.len(), sys::FI_SEND)?;
+                (buf, mr)
+            }
+        };
+        buf[..len].copy_from_slice(&msg);
+        let mr = Some(mr);
+        self.post(What::Send { peer, buf, len, mr }).map(drop)
     }
 
     /// Sends `h` with `payload` to `peer`, in one batch with the messages deferred to it when
@@ -361,14 +433,14 @@ impl State {
         let batch_max = self.eager_max;
         let p = self.peer(peer);
         if p.deferred.is_empty() {
-            return self.post(What::Send { peer, buf: msg }).map(drop);
+            return self.post_send(peer, msg);
         }
         if p.deferred.len() + 4 + msg.len() <= batch_max {
             wire::push_batch(&mut p.deferred, &msg);
             return self.flush_peer(peer);
         }
         self.flush_peer(peer)?;
-        self.post(What::Send { peer, buf: msg }).map(drop)
+        self.post_send(peer, msg)
     }
 
     /// Defers `h` with `payload` to `peer` (see [`PeerState::deferred`]).
@@ -388,7 +460,7 @@ impl State {
             return Ok(());
         }
         let buf = Header::new(Kind::Batch, 0, 0, 0, 0).encode(self.rank, &batch);
-        self.post(What::Send { peer, buf }).map(drop)
+        self.post_send(peer, buf)
     }
 
     /// Sends what is deferred to every peer (a peer that is gone needs none of it).
@@ -423,12 +495,14 @@ impl State {
         rma: (u64, u64, u64),
     ) -> Result<(), String> {
         let rail = self.rail(peer);
+        let mr = self.local(src, len, sys::FI_WRITE)?;
         self.post(What::Write {
             peer,
             rail,
             src,
             len,
             rma,
+            mr,
         })?;
         self.peer(peer).in_flight += 1;
         Ok(())
@@ -446,12 +520,14 @@ impl State {
         rma: (u64, u64),
     ) -> Result<usize, String> {
         let rail = self.rail(peer);
+        let mr = self.local(dst, len, sys::FI_READ)?;
         let id = self.post(What::Read {
             peer,
             rail,
             dst,
             len,
             rma,
+            mr,
         })?;
         self.peer(peer).in_flight += 1;
         Ok(id)
@@ -512,20 +588,24 @@ impl State {
         };
         let Some(peer) = op.what.peer() else {
             tracing::warn!("ofi: a receive failed: {why}");
-            if let What::Recv { buf } = op.what {
-                self.repost(buf);
+            if let What::Recv { buf, mr } = op.what {
+                self.repost(buf, mr);
             }
             return;
         };
-        if matches!(op.what, What::Write { .. } | What::Read { .. }) {
-            self.peer(peer).in_flight -= 1;
+        match op.what {
+            What::Write { .. } | What::Read { .. } => self.peer(peer).in_flight -= 1,
+            What::Send {
+                buf, mr: Some(mr), ..
+            } => self.send_pool.push((buf, mr)),
+            _ => {}
         }
         self.peer(peer).kill(format!("is unreachable: {why}"));
     }
 
-    /// Posts a completed receive's buffer again.
-    fn repost(&mut self, buf: Box<[u8]>) {
-        if let Err(why) = self.post_recv(buf) {
+    /// Posts a completed receive's buffer again (with its registration, if any).
+    fn repost(&mut self, buf: Box<[u8]>, mr: Option<Mr>) {
+        if let Err(why) = self.post(What::Recv { buf, mr }) {
             tracing::warn!("ofi: cannot post a receive again: {why}");
         }
     }
@@ -541,15 +621,19 @@ impl State {
             return;
         };
         match op.what {
-            What::Send { .. } => {}
+            What::Send { buf, mr, .. } => {
+                if let Some(mr) = mr {
+                    self.send_pool.push((buf, mr));
+                }
+            }
             What::Write { peer, .. } => self.peer(peer).in_flight -= 1,
             What::Read { peer, .. } => {
                 self.peer(peer).in_flight -= 1;
                 self.reads_done.push(key);
             }
-            What::Recv { buf } => {
+            What::Recv { buf, mr } => {
                 self.receive(&buf[..len.min(buf.len())]);
-                self.repost(buf);
+                self.repost(buf, mr);
             }
         }
         drop(op.ctx);

@@ -20,6 +20,8 @@ pub const API_VERSION: u32 = (1 << 16) | 17;
 
 pub const FI_MSG: u64 = 1 << 1;
 pub const FI_RMA: u64 = 1 << 2;
+pub const FI_READ: u64 = 1 << 8;
+pub const FI_WRITE: u64 = 1 << 9;
 pub const FI_RECV: u64 = 1 << 10;
 pub const FI_SEND: u64 = 1 << 11;
 pub const FI_REMOTE_READ: u64 = 1 << 12;
@@ -29,6 +31,7 @@ pub const FI_REMOTE_CQ_DATA: u64 = 1 << 17;
 pub const FI_CONTEXT: u64 = 1 << 59;
 pub const FI_CONTEXT2: u64 = 1 << 52;
 
+pub const FI_MR_LOCAL: c_int = 1 << 2;
 pub const FI_MR_VIRT_ADDR: c_int = 1 << 4;
 pub const FI_MR_ALLOCATED: c_int = 1 << 5;
 pub const FI_MR_PROV_KEY: c_int = 1 << 6;
