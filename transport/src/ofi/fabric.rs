@@ -332,6 +332,17 @@ impl Endpoint {
         self.eps.len()
     }
 
+    /// Closes the rails: from here on the provider neither delivers into our posted receives
+    /// and registered regions nor reads our buffers (with automatic progress its own thread
+    /// does so at any time while a rail is open), so they may be freed. Nothing may be posted
+    /// afterwards.
+    pub fn close_rails(&mut self) {
+        for ep in self.eps.drain(..) {
+            // SAFETY: a live endpoint this value owns, closed once (drained from the list).
+            unsafe { close(ep.cast()) };
+        }
+    }
+
     /// The library's message for error `rc`.
     pub fn strerror(&self, rc: i64) -> String {
         self.lib.strerror(rc)

@@ -241,8 +241,9 @@ struct Op {
     what: What,
 }
 
-/// Everything behind the device's lock. Fields drop in order: registrations (in `peers`)
-/// before the endpoint.
+/// Everything behind the device's lock. On drop the endpoint's rails close first (nothing
+/// lands in our buffers after that), then the fields drop in order: registrations (in `peers`,
+/// `ops`, the pool) and buffers before the rest of the endpoint (its domain).
 pub struct State {
     pub peers: Vec<Option<PeerState>>,
     ops: HashMap<usize, Op>,
@@ -263,6 +264,12 @@ pub struct State {
 // SAFETY: the raw buffer pointers of queued writes and reads are only used to post them, under
 // the device's lock; their owners keep them valid until the operations complete.
 unsafe impl Send for State {}
+
+impl Drop for State {
+    fn drop(&mut self) {
+        self.ep.close_rails();
+    }
+}
 
 impl State {
     pub fn new(
