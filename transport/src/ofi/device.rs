@@ -1,41 +1,29 @@
-//! [`OfiDevice`]: the connected `ofi` provider ([`connect`]) and its RMA device and transport
-//! interfaces.
+//! [`OfiDevice`]: the connected `ofi` provider ([`super::connect`]) and its RMA device and
+//! transport interfaces, and the progress thread that drives the endpoint while the engine
+//! does not.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use ampccl_runtime::doorbell::Doorbell;
 use ampccl_runtime::mem::HostBuffer;
-use ampccl_runtime::param::{Param, Unit};
 use ampccl_runtime::task::CopyTo;
 use ampccl_runtime::{Error, Result};
 
-use super::fabric::{Endpoint, Pick};
-use super::state::{self, PeerState, State};
-use super::sys::{self, Lib};
+use super::state::State;
+use super::sys;
 use super::wire::{self, Header, Kind};
-use crate::bootstrap::Bootstrap;
 use crate::device::{
     CTS_READ, CtsEntry, EagerHeader, IMM_ERROR, OpRecord, RmaDevice, eager_payload,
 };
 use crate::handback::{Handback, PollMark};
 use crate::oplog::OpLog;
-use crate::transport::{OpFormatter, Transport, TransportConfig};
+use crate::transport::{OpFormatter, Transport};
 
 /// Largest eager message (as the TCP provider's: one round trip saved per small message).
 pub const EAGER_MAX: usize = 4096;
 
-/// Endpoints (rails) per rank (rank 0's value holds for the whole communicator).
-pub static RAILS: Param = Param::new(
-    "OFI_RAILS",
-    4,
-    (1, 16),
-    Unit::Count,
-    "libfabric endpoints per rank (rails), each with its own connections; large writes are \
-     striped over them",
-);
-/// Operation records this rank keeps for its own mismatch messages.
 /// How often the progress thread sends each peer a liveness message: a send to a dead peer
 /// fails, which is how its death shows within about a second.
 const PING_EVERY: Duration = Duration::from_millis(300);
@@ -47,41 +35,6 @@ const IDLE_WAIT_MS: i32 = 100;
 const ENGINE_RECHECK_MS: i32 = 1;
 /// How long closing waits for our last messages to leave.
 const FLUSH_WAIT: Duration = Duration::from_millis(500);
-/// Bootstrap tags of the set-up exchanges.
-const TAG_PROVIDER: u64 = 0x4f46_4900_0000_0001;
-const TAG_ADDRS: u64 = 0x4f46_4900_0000_0002;
-const TAG_READY: u64 = 0x4f46_4900_0000_0003;
-
-/// The loaded libfabric, or why there is none.
-pub fn library() -> std::result::Result<&'static Lib, String> {
-    static LIB: OnceLock<std::result::Result<&'static Lib, String>> = OnceLock::new();
-    LIB.get_or_init(|| Lib::load().map(|l| &*Box::leak(Box::new(l))))
-        .clone()
-}
-
-/// The libfabric provider `AMPCCL_OFI_PROVIDER` names (like `FI_PROVIDER`), if any.
-pub fn provider_from_env() -> Option<String> {
-    std::env::var("AMPCCL_OFI_PROVIDER")
-        .ok()
-        .filter(|s| !s.is_empty())
-}
-
-/// The core providers of RDMA fabrics, which ampccl takes across hosts without being asked
-/// (libfabric's socket providers lose to ampccl's own TCP provider on Ethernet).
-pub const FABRICS: &str = "verbs,efa,psm3,psm2,opx,ucx,usnic";
-
-/// The core providers `AMPCCL_OFI_FABRICS` lists (comma-separated; empty: none), else
-/// [`FABRICS`].
-pub fn fabrics_from_env() -> Vec<String> {
-    std::env::var("AMPCCL_OFI_FABRICS")
-        .unwrap_or_else(|_| FABRICS.into())
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(String::from)
-        .collect()
-}
-
 /// The `ofi` provider connected to every peer of a communicator.
 pub struct OfiDevice {
     rank: usize,
@@ -100,221 +53,6 @@ pub struct OfiDevice {
     failed: AtomicBool,
     ops: OpLog,
     timeout: Duration,
-}
-
-fn setup_err(what: &str) -> Error {
-    Error::Remote(format!("ofi set-up: {what}"))
-}
-
-/// Connects this rank to every peer of `boot` through libfabric: rank 0 picks the provider
-/// (`auto`: the first of an RDMA fabric, [`fabrics_from_env`]; else `AMPCCL_OFI_PROVIDER`, else
-/// the first suitable one, leaving out `shm` when the ranks span hosts) and the number of
-/// rails (`AMPCCL_OFI_RAILS`), every rank opens that many endpoints of it, and the ranks swap
-/// their addresses. Where rank 0 finds no provider or some rank cannot open it, every rank
-/// fails with the reason, or, when `auto`, returns `None` (the caller takes another provider).
-pub fn connect(
-    boot: &Bootstrap,
-    cfg: &TransportConfig,
-    auto: bool,
-) -> Result<Option<Arc<OfiDevice>>> {
-    let (rank, world) = (boot.rank(), boot.world());
-    if world > 1 << 16 || cfg.fifo_depth > 1 << 16 {
-        return Err(setup_err("at most 65536 ranks and FIFO slots"));
-    }
-    let lib = library();
-    // Rank 0 opens first and tells the others which provider to open (or why none).
-    let mut ep = None;
-    let chosen = if rank == 0 {
-        let one_host = boot.host_ids().iter().all(|h| *h == boot.host_id());
-        let rails = RAILS.get() as usize;
-        let opened = if auto {
-            let fabrics = fabrics_from_env();
-            lib.clone()
-                .and_then(|lib| Endpoint::open(lib, Pick::Among(&fabrics), rails))
-        } else {
-            open_default(lib.clone(), provider_from_env().as_deref(), one_host, rails)
-        };
-        let msg = match &opened {
-            Ok(e) => format!("ok\n{}\n{}", e.rails(), e.caps.provider),
-            Err(why) => format!("error\n{why}"),
-        };
-        ep = opened.ok();
-        boot.broadcast(TAG_PROVIDER, 0, Some(msg.as_bytes()))?
-    } else {
-        boot.broadcast(TAG_PROVIDER, 0, None)?
-    };
-    let chosen = String::from_utf8_lossy(&chosen).into_owned();
-    let (rails, name) = match chosen.split_once('\n') {
-        Some(("ok", rest)) => match rest.split_once('\n') {
-            Some((n, name)) => (n.parse::<usize>().unwrap_or(0), name.to_string()),
-            None => (0, String::new()),
-        },
-        Some((_, why)) if auto => {
-            if rank == 0 {
-                tracing::debug!("ofi: not across these hosts: {why}");
-            }
-            return Ok(None);
-        }
-        Some((_, why)) => return Err(Error::Remote(format!("ofi: rank 0: {why}"))),
-        None => return Err(setup_err("rank 0 sent no provider")),
-    };
-    if !(1..=RAILS.max as usize).contains(&rails) {
-        return Err(setup_err("rank 0 sent no rail count"));
-    }
-    let ep = match ep {
-        Some(ep) => Ok(ep),
-        None => lib.and_then(|lib| Endpoint::open(lib, Pick::Named(&name), rails)),
-    };
-    // Every rank tells whether it opened the provider, so that a host without the library
-    // or the device fails (or, when `auto`, declines) everywhere at once: 1, its host name
-    // and its rails' addresses, or 0 and why not.
-    let mine = match &ep {
-        Ok(ep) => {
-            let mut m = vec![1];
-            m.extend_from_slice(hostname().as_bytes());
-            m.push(b'\n');
-            for rail in 0..rails {
-                let addr = ep.name(rail).map_err(|e| setup_err(&e))?;
-                m.extend_from_slice(&(addr.len() as u16).to_le_bytes());
-                m.extend_from_slice(&addr);
-            }
-            m
-        }
-        Err(why) => [&[0][..], why.as_bytes()].concat(),
-    };
-    let all = boot.allgather(TAG_ADDRS, &mine)?;
-    if let Some((r, e)) = all.iter().enumerate().find(|(_, e)| e.first() != Some(&1)) {
-        let why = format!(
-            "rank {r} cannot open {name}: {}",
-            String::from_utf8_lossy(e.get(1..).unwrap_or_default())
-        );
-        if auto {
-            if rank == 0 {
-                tracing::info!("ofi: not across these hosts: {why}");
-            }
-            return Ok(None);
-        }
-        return Err(Error::Remote(format!("ofi: {why}")));
-    }
-    let ep = ep.map_err(|why| Error::Remote(format!("ofi: {why}")))?;
-    let mut peers = Vec::with_capacity(world);
-    let mut descs = Vec::with_capacity(world);
-    for (r, entry) in all.iter().map(|e| &e[1..]).enumerate() {
-        let split = entry
-            .iter()
-            .position(|&b| b == b'\n')
-            .unwrap_or(entry.len());
-        let host = String::from_utf8_lossy(&entry[..split]);
-        let pid = boot.pids().get(r).copied().unwrap_or(0);
-        descs.push(format!("rank {r} (pid {pid} on {host})"));
-        if r == rank {
-            peers.push(None);
-            continue;
-        }
-        let their = split_addrs(entry.get(split + 1..).unwrap_or_default(), rails)
-            .ok_or_else(|| setup_err(&format!("{}: sent malformed addresses", descs[r])))?;
-        let fi_addrs = their
-            .into_iter()
-            .map(|a| ep.insert(a))
-            .collect::<std::result::Result<Vec<_>, _>>()
-            .map_err(|e| setup_err(&format!("{}: {e}", descs[r])))?;
-        peers.push(Some(PeerState::new(
-            fi_addrs,
-            descs[r].clone(),
-            cfg.fifo_depth,
-            EAGER_MAX,
-        )));
-    }
-    let caps = ep.caps.clone();
-    let wait_fd = ep.wait_fd();
-    let version = ep.version();
-    let mut state = State::new(ep, rank, peers, cfg.fifo_depth, EAGER_MAX);
-    for _ in 0..state::recvs(world - 1) {
-        let buf = vec![0u8; wire::HEADER + EAGER_MAX.max(wire::MAX_TEXT)].into_boxed_slice();
-        state
-            .post_recv(buf)
-            .map_err(|e| setup_err(&format!("post a receive: {e}")))?;
-    }
-    // Every rank's receives are posted before anyone sends.
-    boot.barrier(TAG_READY)?;
-    tracing::info!(
-        "rank {rank}: ofi: libfabric {version}, provider {}, {rails} rail(s) ({} progress, {} \
-         keys, registered memory addressed by {}{})",
-        caps.provider,
-        if caps.manual { "manual" } else { "auto" },
-        if caps.prov_key {
-            "provider"
-        } else {
-            "application"
-        },
-        if caps.virt_addr { "address" } else { "offset" },
-        if caps.local_mr {
-            ", local buffers registered"
-        } else {
-            ""
-        },
-    );
-    let dev = Arc::new(OfiDevice {
-        rank,
-        depth: cfg.fifo_depth,
-        rails,
-        state: Mutex::new(state),
-        descs,
-        wait_fd,
-        virt_addr: caps.virt_addr,
-        bell: Doorbell::new(),
-        polled: PollMark::default(),
-        handback: Handback::new().map_err(|e| Error::system("ofi: eventfd", e))?,
-        window: HostBuffer::zeroed(cfg.window),
-        failed: AtomicBool::new(false),
-        ops: OpLog::default(),
-        timeout: boot.timeout(),
-    });
-    let weak = Arc::downgrade(&dev);
-    std::thread::Builder::new()
-        .name("ampccl-ofi-progress".into())
-        .spawn(move || progress_thread(weak))
-        .map_err(|e| Error::system("ofi: spawn the progress thread", e))?;
-    Ok(Some(dev))
-}
-
-/// Opens the endpoints rank 0 chooses: `named`, else the first suitable provider other than
-/// `shm` unless every rank is on this host.
-fn open_default(
-    lib: std::result::Result<&'static Lib, String>,
-    named: Option<&str>,
-    one_host: bool,
-    rails: usize,
-) -> std::result::Result<Endpoint, String> {
-    let lib = lib?;
-    if let Some(name) = named {
-        return Endpoint::open(lib, Pick::Named(name), rails);
-    }
-    let first = Endpoint::open(lib, Pick::First, rails)?;
-    if first.caps.provider != "shm" || one_host {
-        return Ok(first);
-    }
-    drop(first);
-    Endpoint::open(lib, Pick::Named("tcp;ofi_rxm"), rails)
-}
-
-/// The `rails` addresses of a peer's entry (each a 2-byte length and the address), or `None`
-/// when the entry does not hold exactly that.
-fn split_addrs(mut entry: &[u8], rails: usize) -> Option<Vec<&[u8]>> {
-    let mut addrs = Vec::with_capacity(rails);
-    for _ in 0..rails {
-        let (len, rest) = entry.split_first_chunk::<2>()?;
-        let len = u16::from_le_bytes(*len) as usize;
-        addrs.push(rest.get(..len)?);
-        entry = &rest[len..];
-    }
-    entry.is_empty().then_some(addrs)
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "?".into())
 }
 
 /// Blocks until the completion queue's descriptor `cq` or `also` is readable or `ms` pass
@@ -380,6 +118,41 @@ fn progress_thread(dev: Weak<OfiDevice>) {
 }
 
 impl OfiDevice {
+    /// The device over `state` (`depth` FIFO slots, `rails` rails, a window of `window`
+    /// bytes), its progress thread started.
+    pub(super) fn start(
+        rank: usize,
+        (depth, rails, window): (usize, usize, usize),
+        state: State,
+        descs: Vec<String>,
+        virt_addr: bool,
+        timeout: Duration,
+    ) -> Result<Arc<OfiDevice>> {
+        let wait_fd = state.ep.wait_fd();
+        let dev = Arc::new(OfiDevice {
+            rank,
+            depth,
+            rails,
+            state: Mutex::new(state),
+            descs,
+            wait_fd,
+            virt_addr,
+            bell: Doorbell::new(),
+            polled: PollMark::default(),
+            handback: Handback::new().map_err(|e| Error::system("ofi: eventfd", e))?,
+            window: HostBuffer::zeroed(window),
+            failed: AtomicBool::new(false),
+            ops: OpLog::default(),
+            timeout,
+        });
+        let weak = Arc::downgrade(&dev);
+        std::thread::Builder::new()
+            .name("ampccl-ofi-progress".into())
+            .spawn(move || progress_thread(weak))
+            .map_err(|e| Error::system("ofi: spawn the progress thread", e))?;
+        Ok(dev)
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -754,19 +527,5 @@ impl Transport for OfiDevice {
             }
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::split_addrs;
-
-    #[test]
-    fn rail_addresses_split_or_are_refused() {
-        let entry = [2, 0, b'a', b'b', 1, 0, b'c'];
-        assert_eq!(split_addrs(&entry, 2), Some(vec![&b"ab"[..], &b"c"[..]]));
-        assert_eq!(split_addrs(&entry, 1), None, "bytes left over");
-        assert_eq!(split_addrs(&entry, 3), None, "a rail missing");
-        assert_eq!(split_addrs(&entry[..5], 2), None, "an address cut short");
     }
 }

@@ -43,10 +43,11 @@
 
 mod device;
 mod fabric;
+mod peer;
+mod setup;
 mod state;
 mod sys;
 mod wire;
 
-pub use device::{
-    FABRICS, OfiDevice, RAILS, connect, fabrics_from_env, library, provider_from_env,
-};
+pub use device::OfiDevice;
+pub use setup::{FABRICS, RAILS, connect, fabrics_from_env, library, provider_from_env};

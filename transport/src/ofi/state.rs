@@ -1,9 +1,9 @@
 //! What the `ofi` provider keeps under its one lock: the endpoint, the operations posted to it
-//! (each owning its libfabric context and buffer until its completion), and per peer the
-//! state that completions deliver — the mirror of the shared-memory segment the protocol polls
-//! (clear-to-send FIFO, completion slots, eager slots, credits, acks) — plus what validates
-//! the peer's traffic: the registration each posted clear-to-send opened, which the transfer's
-//! immediate closes again.
+//! (each owning its libfabric context and buffer until its completion, with the provider's
+//! backlog when it is busy), the pool of registered message buffers, and per peer
+//! ([`super::peer`]) the state that completions deliver plus what validates the peer's
+//! traffic: the registration each posted clear-to-send opened, which the transfer's immediate
+//! closes again.
 //!
 //! [`State::progress`] reads the completion queue, which also drives the provider's progress:
 //! with manual data progress, a peer's writes land in our memory only while we read our
@@ -16,6 +16,7 @@ use std::ffi::c_void;
 use std::time::{Duration, Instant};
 
 use super::fabric::{self, Endpoint, Mr};
+use super::peer::PeerState;
 use super::sys::{self, Context2, FiAddr};
 use super::wire::{self, Header, Kind};
 use crate::device::CtsEntry;
@@ -34,111 +35,6 @@ pub fn recvs(peers: usize) -> usize {
 /// does while it fails to reconnect to a peer that is gone) before it counts as unreachable.
 /// The progress thread's liveness messages make this the time to notice a dead peer.
 pub const STUCK: Duration = Duration::from_secs(1);
-
-/// A completion slot: the published immediate and length, and the transfer in progress (its
-/// immediate message, and the data writes counted so far).
-#[derive(Default)]
-pub struct ImmSlot {
-    pub imm: u32,
-    pub len: u64,
-    /// `(imm, writes, len)` of an immediate whose writes have not all landed yet.
-    waiting: Option<(u32, u32, u64)>,
-    landed: u32,
-}
-
-/// An eager slot: message `idx` with `tag` and `len` payload bytes while `full`.
-pub struct EagerSlot {
-    pub idx: u32,
-    pub tag: u32,
-    pub len: usize,
-    pub full: bool,
-    pub data: Box<[u8]>,
-}
-
-/// What we know of one peer.
-pub struct PeerState {
-    /// The peer's rails in our address vector (its rail `r` for our rail `r`).
-    pub addrs: Vec<FiAddr>,
-    /// The rail of our next write or read to the peer (round robin).
-    next_rail: usize,
-    pub desc: String,
-    /// Clear-to-send entries the peer posted, with the key of the region each names.
-    pub cts: Vec<(CtsEntry, u64)>,
-    pub imm: Vec<ImmSlot>,
-    pub eager: Vec<EagerSlot>,
-    pub credits: Vec<u32>,
-    pub acks: u32,
-    /// Registrations of our clear-to-send regions, by slot.
-    pub regions: Vec<Option<Mr>>,
-    /// Our data writes per slot since its last immediate.
-    pub writes: Vec<u32>,
-    /// Our writes and reads to the peer not completed yet.
-    pub in_flight: usize,
-    /// The peer's failure message.
-    pub failed: Option<String>,
-    /// Why the peer is unreachable or was cut off.
-    pub dead: Option<String>,
-    /// Messages nobody waits for yet (credits, the clear-to-send entries of eager receives),
-    /// as a [`Kind::Batch`] payload: they leave with the next message to the peer or when the
-    /// engine idles ([`State::flush`]).
-    deferred: Vec<u8>,
-    /// Our operations to the peer waiting in the backlog, and since when none has moved.
-    backlogged: usize,
-    stuck_since: Option<Instant>,
-}
-
-impl PeerState {
-    pub fn new(addrs: Vec<FiAddr>, desc: String, depth: usize, eager_max: usize) -> PeerState {
-        PeerState {
-            addrs,
-            next_rail: 0,
-            desc,
-            cts: vec![(CtsEntry::default(), 0); depth],
-            imm: (0..depth).map(|_| ImmSlot::default()).collect(),
-            eager: (0..depth)
-                .map(|_| EagerSlot {
-                    idx: 0,
-                    tag: 0,
-                    len: 0,
-                    full: false,
-                    data: vec![0u8; eager_max].into_boxed_slice(),
-                })
-                .collect(),
-            credits: vec![0; depth],
-            acks: 0,
-            regions: (0..depth).map(|_| None).collect(),
-            writes: vec![0; depth],
-            in_flight: 0,
-            failed: None,
-            dead: None,
-            deferred: Vec::new(),
-            backlogged: 0,
-            stuck_since: None,
-        }
-    }
-
-    /// Marks the peer dead (the first reason sticks).
-    pub fn kill(&mut self, why: String) {
-        if self.dead.is_none() {
-            tracing::warn!("ofi: {}: {why}", self.desc);
-            self.dead = Some(why);
-        }
-    }
-
-    /// Publishes slot `slot`'s immediate once all its writes have landed, and closes the
-    /// region the transfer wrote.
-    fn complete(&mut self, slot: usize) {
-        let s = &mut self.imm[slot];
-        if let Some((imm, writes, len)) = s.waiting
-            && s.landed >= writes
-        {
-            s.landed -= writes;
-            s.waiting = None;
-            (s.imm, s.len) = (imm, len);
-            self.regions[slot] = None;
-        }
-    }
-}
 
 /// What a posted operation is: what it needs to be posted (again, after the provider said
 /// it was busy) and, at its completion, what to do.
@@ -450,7 +346,7 @@ impl State {
         self.post_send(peer, msg)
     }
 
-    /// Defers `h` with `payload` to `peer` (see [`PeerState::deferred`]).
+    /// Defers `h` with `payload` to `peer` (see [`PeerState`]'s `deferred`).
     pub fn defer(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
         let msg = h.encode(self.rank, payload);
         if self.peer(peer).deferred.len() + 4 + msg.len() > self.eager_max {
@@ -482,14 +378,6 @@ impl State {
         }
     }
 
-    /// The rail of the next write or read to `peer`.
-    fn rail(&mut self, peer: usize) -> usize {
-        let p = self.peer(peer);
-        let rail = p.next_rail;
-        p.next_rail = (rail + 1) % p.addrs.len();
-        rail
-    }
-
     /// Writes `[src, src+len)` to `peer`'s `(key, addr)` with completion data `data`, on the
     /// next rail.
     ///
@@ -501,7 +389,7 @@ impl State {
         (src, len): (*const u8, usize),
         rma: (u64, u64, u64),
     ) -> Result<(), String> {
-        let rail = self.rail(peer);
+        let rail = self.peer(peer).next_rail();
         let mr = self.local(src, len, sys::FI_WRITE)?;
         self.post(What::Write {
             peer,
@@ -526,7 +414,7 @@ impl State {
         (dst, len): (*mut u8, usize),
         rma: (u64, u64),
     ) -> Result<usize, String> {
-        let rail = self.rail(peer);
+        let rail = self.peer(peer).next_rail();
         let mr = self.local(dst, len, sys::FI_READ)?;
         let id = self.post(What::Read {
             peer,
@@ -660,8 +548,7 @@ impl State {
             ));
             return;
         }
-        p.imm[slot].landed += 1;
-        p.complete(slot);
+        p.write_landed(slot);
     }
 
     /// Checks and applies a received message: a peer whose message is wrong is cut off; one
@@ -713,13 +600,7 @@ impl State {
                 };
                 p.cts[slot] = (entry, h.value);
             }
-            Kind::Imm => {
-                if p.imm[slot].waiting.is_some() {
-                    return Err(format!("a second immediate for slot {slot}"));
-                }
-                p.imm[slot].waiting = Some((h.a, h.b, h.value));
-                p.complete(slot);
-            }
+            Kind::Imm => p.immediate(slot, (h.a, h.b, h.value))?,
             Kind::Eager => {
                 let s = &mut p.eager[slot];
                 if s.full {

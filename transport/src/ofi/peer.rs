@@ -1,0 +1,142 @@
+//! What the `ofi` provider knows of one peer ([`PeerState`]): the mirror of the shared-memory
+//! segment the protocol polls (the peer's clear-to-send entries, completion slots, eager
+//! slots, credits, acks), filled in by completions ([`super::state`]), and our side of the
+//! link (its rails, the regions our clear-to-send entries opened, writes in flight, messages
+//! held back, whether it is dead).
+
+use std::time::Instant;
+
+use super::fabric::Mr;
+use super::sys::FiAddr;
+use crate::device::CtsEntry;
+
+/// A completion slot: the published immediate and length, and the transfer in progress (its
+/// immediate message, and the data writes counted so far).
+#[derive(Default)]
+pub struct ImmSlot {
+    pub imm: u32,
+    pub len: u64,
+    /// `(imm, writes, len)` of an immediate whose writes have not all landed yet.
+    waiting: Option<(u32, u32, u64)>,
+    /// Data writes counted since the last published immediate.
+    landed: u32,
+}
+
+/// An eager slot: message `idx` with `tag` and `len` payload bytes while `full`.
+pub struct EagerSlot {
+    pub idx: u32,
+    pub tag: u32,
+    pub len: usize,
+    pub full: bool,
+    pub data: Box<[u8]>,
+}
+
+/// What we know of one peer.
+pub struct PeerState {
+    /// The peer's rails in our address vector (its rail `r` for our rail `r`).
+    pub addrs: Vec<FiAddr>,
+    /// The rail of our next write or read to the peer (round robin).
+    rail: usize,
+    pub desc: String,
+    /// Clear-to-send entries the peer posted, with the key of the region each names.
+    pub cts: Vec<(CtsEntry, u64)>,
+    pub imm: Vec<ImmSlot>,
+    pub eager: Vec<EagerSlot>,
+    pub credits: Vec<u32>,
+    pub acks: u32,
+    /// Registrations of our clear-to-send regions, by slot.
+    pub regions: Vec<Option<Mr>>,
+    /// Our data writes per slot since its last immediate.
+    pub writes: Vec<u32>,
+    /// Our writes and reads to the peer not completed yet.
+    pub in_flight: usize,
+    /// The peer's failure message.
+    pub failed: Option<String>,
+    /// Why the peer is unreachable or was cut off.
+    pub dead: Option<String>,
+    /// Messages nobody waits for yet (credits, the clear-to-send entries of eager receives),
+    /// as a [`Kind::Batch`] payload: they leave with the next message to the peer or when the
+    /// engine idles ([`super::state::State::flush`]).
+    pub deferred: Vec<u8>,
+    /// Our operations to the peer waiting in the backlog, and since when none has moved.
+    pub backlogged: usize,
+    pub stuck_since: Option<Instant>,
+}
+
+impl PeerState {
+    pub fn new(addrs: Vec<FiAddr>, desc: String, depth: usize, eager_max: usize) -> PeerState {
+        PeerState {
+            addrs,
+            rail: 0,
+            desc,
+            cts: vec![(CtsEntry::default(), 0); depth],
+            imm: (0..depth).map(|_| ImmSlot::default()).collect(),
+            eager: (0..depth)
+                .map(|_| EagerSlot {
+                    idx: 0,
+                    tag: 0,
+                    len: 0,
+                    full: false,
+                    data: vec![0u8; eager_max].into_boxed_slice(),
+                })
+                .collect(),
+            credits: vec![0; depth],
+            acks: 0,
+            regions: (0..depth).map(|_| None).collect(),
+            writes: vec![0; depth],
+            in_flight: 0,
+            failed: None,
+            dead: None,
+            deferred: Vec::new(),
+            backlogged: 0,
+            stuck_since: None,
+        }
+    }
+
+    /// Marks the peer dead (the first reason sticks).
+    pub fn kill(&mut self, why: String) {
+        if self.dead.is_none() {
+            tracing::warn!("ofi: {}: {why}", self.desc);
+            self.dead = Some(why);
+        }
+    }
+
+    /// The rail of our next write or read to the peer.
+    pub fn next_rail(&mut self) -> usize {
+        let rail = self.rail;
+        self.rail = (rail + 1) % self.addrs.len();
+        rail
+    }
+
+    /// One of the peer's data writes into slot `slot`'s open region landed.
+    pub fn write_landed(&mut self, slot: usize) {
+        self.imm[slot].landed += 1;
+        self.complete(slot);
+    }
+
+    /// The peer's immediate `(imm, writes, len)` for slot `slot` arrived: published once its
+    /// `writes` data writes have landed (before or after it). A second one before the first
+    /// is published breaks the protocol.
+    pub fn immediate(&mut self, slot: usize, imm: (u32, u32, u64)) -> Result<(), String> {
+        if self.imm[slot].waiting.is_some() {
+            return Err(format!("a second immediate for slot {slot}"));
+        }
+        self.imm[slot].waiting = Some(imm);
+        self.complete(slot);
+        Ok(())
+    }
+
+    /// Publishes slot `slot`'s immediate once all its writes have landed, and closes the
+    /// region the transfer wrote.
+    fn complete(&mut self, slot: usize) {
+        let s = &mut self.imm[slot];
+        if let Some((imm, writes, len)) = s.waiting
+            && s.landed >= writes
+        {
+            s.landed -= writes;
+            s.waiting = None;
+            (s.imm, s.len) = (imm, len);
+            self.regions[slot] = None;
+        }
+    }
+}
