@@ -3,11 +3,13 @@
 //! Shared memory connects ranks of one host; the network providers connect any ranks: `ofi`
 //! (libfabric's RMA) when `AMPCCL_OFI_PROVIDER` names a libfabric provider, or, across hosts,
 //! when libfabric offers an RDMA fabric's provider (`verbs`, `efa`, ...:
-//! [`crate::ofi::fabrics_from_env`]; rank 0 looks, and every rank must open it, else the
-//! communicator goes on to the next provider), then TCP, ampccl's own, the default for plain
-//! Ethernet, where it is faster than libfabric's socket providers (docs/PERFORMANCE.md). `AMPCCL_TRANSPORT` names the provider to
-//! use (`tcp`, `ofi`, or `shm` to insist on shared memory); `AMPCCL_SHM_DISABLE=1` skips shared
-//! memory, so ranks of one host talk over a network provider too (for tests and comparisons).
+//! [`crate::ofi::fabrics_from_env`]; rank 0 looks, where its host has an RDMA device unless
+//! the list was set, and every rank must open it, else the communicator goes on to the next
+//! provider), then TCP, ampccl's own, the default for plain Ethernet, where it is faster than
+//! libfabric's socket providers (docs/PERFORMANCE.md). `AMPCCL_TRANSPORT` names the provider
+//! to use (`tcp`, `ofi`, or `shm` to insist on shared memory); `AMPCCL_SHM_DISABLE=1` skips
+//! shared memory, so ranks of one host talk over a network provider too (for tests and
+//! comparisons).
 //! A communicator uses one provider for all its pairs; ranks on several hosts take a network
 //! provider.
 

@@ -61,6 +61,27 @@ pub fn fabrics_from_env() -> Vec<String> {
         .collect()
 }
 
+/// Whether this host has an RDMA device that [`FABRICS`]' providers drive: an RDMA device in
+/// `/sys/class/infiniband` (InfiniBand, RoCE, EFA, usNIC: `verbs`, `efa`, `psm3`, `usnic`,
+/// `ucx`) or an Omni-Path `/dev/hfi1_*` (`psm2`, `opx`). Looking costs a directory read;
+/// loading libfabric and asking it (`fi_getinfo` initializes every provider) costs about
+/// 0.3 s, which a host without such a device is spared.
+fn rdma_device_present() -> bool {
+    let any = |dir: &str, prefix: &str| {
+        std::fs::read_dir(dir).is_ok_and(|mut d| {
+            d.any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().starts_with(prefix)))
+        })
+    };
+    any("/sys/class/infiniband", "") || any("/dev", "hfi1_")
+}
+
+/// Why rank 0 does not look for a fabric at all: the default list and no RDMA device here
+/// (a list set in `AMPCCL_OFI_FABRICS` is always looked for).
+fn no_fabric_here() -> Option<String> {
+    (std::env::var_os("AMPCCL_OFI_FABRICS").is_none() && !rdma_device_present())
+        .then(|| "no RDMA device on this host".to_string())
+}
+
 fn setup_err(what: &str) -> Error {
     Error::Remote(format!("ofi set-up: {what}"))
 }
@@ -80,18 +101,19 @@ pub fn connect(
     if world > 1 << 16 || cfg.fifo_depth > 1 << 16 {
         return Err(setup_err("at most 65536 ranks and FIFO slots"));
     }
-    let lib = library();
-    // Rank 0 opens first and tells the others which provider to open (or why none).
+    // Rank 0 opens first and tells the others which provider to open (or why none); the
+    // others load libfabric only then.
     let mut ep = None;
     let chosen = if rank == 0 {
         let one_host = boot.host_ids().iter().all(|h| *h == boot.host_id());
         let rails = RAILS.get() as usize;
-        let opened = if auto {
-            let fabrics = fabrics_from_env();
-            lib.clone()
-                .and_then(|lib| Endpoint::open(lib, Pick::Among(&fabrics), rails))
-        } else {
-            open_default(lib.clone(), provider_from_env().as_deref(), one_host, rails)
+        let opened = match (auto, no_fabric_here()) {
+            (true, Some(why)) => Err(why),
+            (true, None) => {
+                let fabrics = fabrics_from_env();
+                library().and_then(|lib| Endpoint::open(lib, Pick::Among(&fabrics), rails))
+            }
+            (false, _) => open_default(library(), provider_from_env().as_deref(), one_host, rails),
         };
         let msg = match &opened {
             Ok(e) => format!("ok\n{}\n{}", e.rails(), e.caps.provider),
@@ -122,7 +144,7 @@ pub fn connect(
     }
     let ep = match ep {
         Some(ep) => Ok(ep),
-        None => lib.and_then(|lib| Endpoint::open(lib, Pick::Named(&name), rails)),
+        None => library().and_then(|lib| Endpoint::open(lib, Pick::Named(&name), rails)),
     };
     // Every rank tells whether it opened the provider, so that a host without the library
     // or the device fails (or, when `auto`, declines) everywhere at once: 1, its host name
