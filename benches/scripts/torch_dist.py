@@ -15,7 +15,9 @@ API (`Comm.Allreduce` in place) on the same ranks: what torch.distributed adds t
 """
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import numpy as np
@@ -24,9 +26,8 @@ import torch.distributed as dist
 import torch.nn as nn
 
 
-def parse_size(s):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(s[:-1]) * units[s[-1]] if s[-1] in units else int(s)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from peer_bench import parse_size  # noqa: E402
 
 
 def label(n):

@@ -361,7 +361,7 @@ fn barrier_back_to_back() {
 
 #[test]
 fn barrier_between_sends() {
-    // Barriers and the Send/Recv buffer-free acks share the links' ack counters.
+    // Barriers (the links' ack counters) interleaved with sends and receives on the same links.
     spawn_with(3, test_config(), |c| {
         let me = c.rank();
         for round in 0..20 {

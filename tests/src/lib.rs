@@ -319,14 +319,7 @@ impl Launch {
                 None => Command::new(&exe),
             };
             cmd.args(["--exact", WORKER_TEST, "--nocapture", "--test-threads=1"]);
-            for k in [
-                "AMPCCL_RANK",
-                "AMPCCL_WORLD_SIZE",
-                "LOCAL_RANK",
-                "MASTER_ADDR",
-                "MASTER_PORT",
-                "AMPCCL_UNIQUE_ID",
-            ] {
+            for k in ampccl_transport::bootstrap::RENDEZVOUS_VARS {
                 cmd.env_remove(k);
             }
             cmd.env(ROLE_VAR, "worker")

@@ -387,6 +387,7 @@ ofi_tests!(Libfabric::IntelMpi("tcp"), "all_to_all": ofi2_tcp_all_to_all_w2 = 2)
 // 3 ranks: messages from two peers at once (their receives are posted for any sender).
 ofi_tests!(Libfabric::IntelMpi("tcp"), "allgather": ofi2_tcp_allgather_w3 = 3);
 ofi_tests!(Libfabric::IntelMpi("tcp"), "sendrecv": ofi2_tcp_sendrecv_w3 = 3);
+ofi_tests!(Libfabric::IntelMpi("tcp"), "all_to_all": ofi2_tcp_all_to_all_w3 = 3);
 
 /// Over `ofi`, the 2-rank pairs: reads of the peer's offered memory (`fi_read`).
 #[test]
@@ -402,9 +403,14 @@ fn ofi_broadcast_w2_pair() {
 #[test]
 fn ofi_allreduce_mixed_w2_rails() {
     for rails in ["1", "3"] {
-        let l = Launch::new(2, "allreduce_mixed").env("AMPCCL_OFI_RAILS", rails);
+        let l = Launch::new(2, "allreduce_mixed")
+            .env("AMPCCL_OFI_RAILS", rails)
+            .env("AMPCCL_LOG", "info");
         if let Some(l) = ofi::over(l, Libfabric::IntelMpi("tcp")) {
-            l.run();
+            for r in l.run() {
+                let took = r.stderr.contains(&format!("{rails} rail(s)"));
+                assert!(took, "{}", r.stderr_tail(20));
+            }
         }
     }
 }
@@ -659,7 +665,9 @@ fn transport(c: &Communicator) -> Outcome {
 
 /// Across hosts without `AMPCCL_TRANSPORT`, `ofi` is taken where libfabric offers a provider
 /// that `AMPCCL_OFI_FABRICS` lists (here libfabric 2.4's `tcp`, standing in for `verbs` or
-/// `efa`), and TCP where it offers only socket providers (the default list names none).
+/// `efa`), and TCP where it offers none of them (the system's socket providers against a
+/// list naming `verbs`: libfabric is asked, unlike with the default list on a host without an
+/// RDMA device, where rank 0 does not load it at all).
 #[test]
 fn ofi_is_probed_across_hosts_on_a_fabric_only() {
     let Some(hosts) = Hosts::new_or_skip(2) else {
@@ -676,6 +684,7 @@ fn ofi_is_probed_across_hosts_on_a_fabric_only() {
     }
     let sockets = Launch::new(2, "transport")
         .on_hosts(&hosts, &[0, 1])
+        .env("AMPCCL_OFI_FABRICS", "verbs")
         .env("EXPECT_TRANSPORT", "tcp");
     if let Some(l) = ofi::over(sockets, RXM) {
         l.env_remove("AMPCCL_TRANSPORT")

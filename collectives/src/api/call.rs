@@ -246,23 +246,16 @@ impl Communicator {
         unsafe { self.enqueue_calls(stream, ops, call, wait) }
     }
 
-    /// As [`Communicator::enqueue_raw`] (or [`Communicator::enqueue_raw_for_waiter`] when
-    /// `for_waiter`) for buffers of known lengths, which are checked like the typed API's
-    /// slices: a buffer too short for the operation is refused with the typed API's message
-    /// (for bindings whose buffers carry their sizes, such as Python's).
+    /// As [`Communicator::enqueue_raw`] for buffers of known lengths, which are checked like
+    /// the typed API's slices: a buffer too short for the operation is refused with the typed
+    /// API's message (for bindings whose buffers carry their sizes, such as Python's).
     ///
     /// # Safety
     /// Each region must be valid for its length (inputs for reads, outputs for exclusive
     /// writes) until the event completes.
-    pub unsafe fn enqueue_sized(
-        &self,
-        stream: &Stream,
-        ops: &[SizedOp],
-        for_waiter: bool,
-    ) -> Result<Event> {
-        let wait = if for_waiter { Wait::Soon } else { Wait::Later };
+    pub unsafe fn enqueue_sized(&self, stream: &Stream, ops: &[SizedOp]) -> Result<Event> {
         // SAFETY: forwarded from the caller.
-        unsafe { self.enqueue_calls(stream, ops, |o| self.sized_call(o), wait) }
+        unsafe { self.enqueue_calls(stream, ops, |o| self.sized_call(o), Wait::Later) }
     }
 
     /// Runs `ops` (one operation, or a group) to completion as the typed blocking calls do: a

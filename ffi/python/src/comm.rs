@@ -101,7 +101,7 @@ impl Comm {
         }
         let stream = self.comm.default_stream();
         // SAFETY: forwarded from the caller.
-        let ev = unsafe { self.comm.enqueue_sized(stream, ops, false) }.map_err(py_err)?;
+        let ev = unsafe { self.comm.enqueue_sized(stream, ops) }.map_err(py_err)?;
         stream.kick();
         Ok(Some(Request::new(
             ev,

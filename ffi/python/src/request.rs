@@ -57,7 +57,9 @@ impl Drop for Request {
     fn drop(&mut self) {
         if let Some(ev) = self.event.take() {
             // Peers may still write into the buffers; the error, if any, has nobody to go to.
-            let _ = ev.wait();
+            // The GIL is released meanwhile: the matching call may come from another thread
+            // of this interpreter.
+            let _ = Python::attach(|py| py.detach(|| ev.wait()));
         }
     }
 }

@@ -178,7 +178,8 @@ sub = c.Split(rank % 2, -rank)
 members = [r for r in range(world) if r % 2 == rank % 2]
 assert sub.size == len(members) and sub.rank == sorted(members, reverse=True).index(rank)
 assert sub.allgather(rank) == sorted(members, reverse=True)
-assert c.Split(-1 if rank == 0 else 0) is None or rank != 0
+rest = c.Split(-1 if rank == 0 else 0)
+assert (rest is None) == (rank == 0) and (rest is None or rest.size == world - 1)
 
 
 # Errors: a clear Python exception, and the communicator still works afterwards.

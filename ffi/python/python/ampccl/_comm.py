@@ -143,7 +143,7 @@ class Comm:
     def _run(self, kind, sendbuf, recvbuf, op=SUM, root=0, nonblocking=False):
         send = None if sendbuf is IN_PLACE or sendbuf is None else _spec(sendbuf)
         recv = None if recvbuf is None else _spec(recvbuf)
-        if send is None and recv is None and kind != _BARRIER:
+        if send is None and recv is None:
             raise ValueError("no buffer: pass a send and a receive buffer, or IN_PLACE and one")
         dtype = next((s[1] for s in (send, recv) if s is not None and s[1] is not None), None)
         return self._c.run(
