@@ -300,7 +300,13 @@ impl AlgResourceResponse<'_> {
     /// (the receiver's core copies every byte out of its socket wherever it lands, so a slot
     /// would only add a copy).
     pub fn lands_directly(&self, from: usize, buf: BufKind) -> bool {
-        self.shared_user.reaches(buf) || (self.user_mem_links && !self.topology.is_local(from))
+        self.shared_user.reaches(buf) || self.lands_from_network(from)
+    }
+
+    /// The network half of [`AlgResourceResponse::lands_directly`]: `from` is on another host
+    /// and the link receives into any memory.
+    pub fn lands_from_network(&self, from: usize) -> bool {
+        self.user_mem_links && !self.topology.is_local(from)
     }
 
     /// Whole sends/receives, for executors that do not split the primitives.

@@ -40,9 +40,9 @@ impl Executor for BroadcastChain {
 
     fn orchestrate(&self, p: &OpParam, res: &mut AlgResourceResponse<'_>) -> Result<()> {
         let (from, to) = Chain::new(p).from_root();
-        // Not `lands_directly`: on one host the window lets both ranks copy at once even where
-        // the output is shared.
-        let direct = from.is_some_and(|r| res.user_mem_links && !res.topology.is_local(r));
+        // Only the network half of `lands_directly`: on one host the window lets both ranks
+        // copy at once even where the output is shared.
+        let direct = from.is_some_and(|r| res.lands_from_network(r));
         let mut stage = Deliver {
             head: from.is_none(),
             keep: true,
