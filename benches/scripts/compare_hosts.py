@@ -96,15 +96,18 @@ most --rounds times). A launch that fails or runs past --timeout is reported on 
 last lines and left out of that round (the median is over the rounds that gave a figure; the
 table says how many when fewer).
 
-Ops: allreduce, allgather, reducescatter, broadcast, and sendrecv (2 hosts: each rank sends S
-bytes to its pair and receives S; ampccl-perf -o sendrecv, IMB Sendrecv; Gloo and Open MPI have
-none and are left out of it).
+Ops: allreduce, allgather, reducescatter, broadcast, sendrecv (2 hosts: each rank sends S
+bytes to its pair and receives S; ampccl-perf -o sendrecv, IMB Sendrecv) and pingpong (2 hosts:
+rank 0 sends S bytes, rank 1 sends them back; time = half the round trip; ampccl-perf -o
+pingpong, IMB PingPong, bounded by fi_rdm_pingpong). Gloo and Open MPI have neither and are
+left out of those two.
 
 Output: per op a markdown table of the medians, time per call (us) and algbw (GB/s) per size
 and variant, with `best peer / ampccl` (the fastest peer's time over ampccl's: > 1 is ampccl
 faster), `ampccl / iperf3 1-stream` (algbw over the single-stream ceiling) and `ampccl-ofi /
 fabtests write`, `ampccl-ofi2 / fabtests2 write` (algbw over fi_rma_bw -o write's GB/s of the
-same size and libfabric); then the iperf3 ceilings and the fabtests figures per size. Files in
+same size and libfabric; for pingpong `... / fabtests2 pingpong`, time over fi_rdm_pingpong's,
+< 1.3x is the latency target); then the iperf3 ceilings and the fabtests figures per size. Files in
 --out-dir:
   compare_hosts.csv   the medians: op,hosts,variant,size,bytes,rounds,time_us,algbw_gbs,
                       busbw_gbs,wrong (wrong: results checked by ampccl-perf and peer_bench.py;
@@ -129,17 +132,19 @@ PEERS_HOME = os.environ.get("PEERS_HOME", os.path.expanduser("~/.cache/ampccl-pe
 HOSTS_SSH = os.path.join(HERE, "hosts_ssh.sh")
 PEER_BENCH = os.path.join(HERE, "peer_bench.py")
 SUBNET = "10.213.0.0/24"  # tests/src/hosts.rs: host i is 10.213.0.<i+1>
-OPS = ("allreduce", "allgather", "reducescatter", "broadcast", "sendrecv")
+OPS = ("allreduce", "allgather", "reducescatter", "broadcast", "sendrecv", "pingpong")
 IMB = {"allreduce": "Allreduce", "allgather": "Allgather", "reducescatter": "Reduce_scatter",
-       "broadcast": "Bcast", "sendrecv": "Sendrecv"}
-BUS = dict(BUS, sendrecv=lambda n: 1.0)
+       "broadcast": "Bcast", "sendrecv": "Sendrecv", "pingpong": "PingPong"}
+BUS = dict(BUS, sendrecv=lambda n: 1.0, pingpong=lambda n: 1.0)
+# Ops that pair ranks and move no reduction.
+PAIRED = ("sendrecv", "pingpong")
 VARIANTS = ("ampccl", "ampccl-ofi", "ampccl-ofi2", "gloo", "impi", "ompi", "ompi-yield")
 TITLES = {"ampccl": "ampccl", "ampccl-ofi": "ampccl ofi", "ampccl-ofi2": "ampccl ofi2", "gloo": "Gloo",
           "impi": "Intel MPI", "ompi": "Open MPI", "ompi-yield": "Open MPI yield"}
 NAMES = {"ampccl": "ampccl", "ampccl-ofi": "ampccl-ofi", "ampccl-ofi2": "ampccl-ofi2", "gloo": "gloo",
          "impi": "intel-mpi", "ompi": "open-mpi", "ompi-yield": "open-mpi-yield"}
-# Variants without the op (peer_bench.py has no sendrecv).
-LACKS = {"gloo": ("sendrecv",), "ompi": ("sendrecv",), "ompi-yield": ("sendrecv",)}
+# Variants without the op (peer_bench.py has no sendrecv or pingpong).
+LACKS = {"gloo": PAIRED, "ompi": PAIRED, "ompi-yield": PAIRED}
 # The ofi provider over libfabric's tcp;ofi_rxm (the system's libfabric), and over Intel MPI's
 # libfabric 2.x and its tcp provider.
 OFI_ENV = {"AMPCCL_TRANSPORT": "ofi", "AMPCCL_OFI_PROVIDER": "tcp;ofi_rxm"}
@@ -301,11 +306,14 @@ class Bench:
                        if self.a.mpi_pin == "per-host" else [])
                 prog += ([":"] if r else []) + ["-n", "1", "-host", addr(r)] + pin + imb
             text = launch(self.hosts(prog), env, self.a.timeout)
+            # PingPong rows: bytes, repetitions, t (half the round trip), MB/s; the others':
+            # bytes, repetitions, t_min, t_max, t_avg[, MB/s].
+            cols, t_col = ((4,), 2) if op == "pingpong" else ((5, 6), 3)
             got = [f for f in (l.split() for l in text.splitlines())
-                   if len(f) in (5, 6) and f[0].isdigit() and int(f[0]) == msg]
+                   if len(f) in cols and f[0].isdigit() and int(f[0]) == msg]
             if not got:
                 raise Failed(f"no IMB row for {msg} B\n" + tail(text, ""))
-            res[s] = (float(got[-1][3]), None)  # t_max (us), see the module docs
+            res[s] = (float(got[-1][t_col]), None)  # t_max (us), see the module docs
         return res
 
     def fabtests(self, v, sizes):
@@ -542,7 +550,7 @@ def main():
         for v in variants:
             with open(os.path.join(a.out_dir, f"{op}-{NAMES[v]}.csv"), "w") as f:
                 f.write(HEADER + "\n")
-                redop = "none" if op in ("allgather", "broadcast", "sendrecv") else "sum"
+                redop = "none" if op in ("allgather", "broadcast") + PAIRED else "sum"
                 root = 0 if op == "broadcast" else -1
                 for s in sizes:
                     t, nb = m[v][s], effective(op, s, k)
@@ -565,7 +573,9 @@ def main():
         if "ampccl" in variants and c_med["single"]:
             head.append("ampccl / iperf3 1 stream")
         bounds = [(v, f) for v, f in FAB_OF.items() if v in variants and f in fabs]
-        head += [f"{v} / {f} write" for v, f in bounds]
+        # Against fi_rma_bw -o write's rate, or fi_rdm_pingpong's time (x its time).
+        fab_test = "pingpong" if op == "pingpong" else "write"
+        head += [f"{v} / {f} {fab_test}" for v, f in bounds]
         print(f"### {op}, {k} hosts\n")
         print("| " + " | ".join(head) + " |")
         print("|" + "---:|" * len(head))
@@ -585,8 +595,11 @@ def main():
                 t = m["ampccl"][s]
                 cells.append(f"{nb / t / 1e3 / c_med['single']:.2f}" if t else "—")
             for v, f in bounds:
-                t, g = m[v][s], f_med[(f, "write", s)][1]
-                cells.append(f"{nb / t / 1e3 / g:.2f}" if t and g else "—")
+                t, (us, g) = m[v][s], f_med[(f, fab_test, s)]
+                if fab_test == "pingpong":
+                    cells.append(f"{t / us:.2f}x" if t and us else "—")
+                else:
+                    cells.append(f"{nb / t / 1e3 / g:.2f}" if t and g else "—")
             print("| " + " | ".join(cells) + " |")
         print()
     summary.close()

@@ -165,7 +165,7 @@ pub fn run(args: &CeilingArgs) -> Result<bool, String> {
 fn ceiling<T: Num>(args: &CeilingArgs) -> Result<bool, String> {
     let w = &args.work;
     let coll = Coll::parse(&w.collective)
-        .filter(|c| !matches!(c, Coll::Reduce | Coll::AllToAll | Coll::SendRecv))
+        .filter(|c| !matches!(c, Coll::Reduce | Coll::AllToAll) && !c.pairs())
         .ok_or_else(|| format!("ceiling: unknown collective {:?}", w.collective))?;
     if args.staged && coll != Coll::Broadcast {
         return Err("ceiling: --staged is a broadcast's ceiling".into());

@@ -66,7 +66,8 @@ pub struct Workload {
     /// Multiplication factor between sizes.
     #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
     pub factor: usize,
-    /// Collective: allreduce, allgather, reducescatter, broadcast, reduce, alltoall, sendrecv.
+    /// Collective: allreduce, allgather, reducescatter, broadcast, reduce, alltoall, sendrecv,
+    /// pingpong (time: half the round trip).
     #[arg(short = 'o', long = "op", default_value = "allreduce")]
     pub collective: String,
     /// Data type (float, half, bfloat16, double, int8, uint8, int32, uint32, int64, uint64).

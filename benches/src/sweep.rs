@@ -68,6 +68,9 @@ pub(crate) enum Coll {
     Reduce,
     AllToAll,
     SendRecv,
+    /// Paired ranks take turns: the even one sends, then receives the reply; time = half
+    /// the round trip (as fabtests' `fi_rdm_pingpong` and IMB's PingPong report).
+    PingPong,
 }
 
 impl Coll {
@@ -80,6 +83,7 @@ impl Coll {
             "reduce" => Coll::Reduce,
             "alltoall" => Coll::AllToAll,
             "sendrecv" => Coll::SendRecv,
+            "pingpong" => Coll::PingPong,
             _ => return None,
         })
     }
@@ -92,6 +96,11 @@ impl Coll {
             Coll::AllGather | Coll::ReduceScatter | Coll::AllToAll => (n - 1.0) / n,
             _ => 1.0,
         }
+    }
+
+    /// Whether the operation pairs rank `2i` with `2i + 1` (and needs an even world).
+    pub(crate) fn pairs(self) -> bool {
+        matches!(self, Coll::SendRecv | Coll::PingPong)
     }
 
     pub(crate) fn reduces(self) -> bool {
@@ -163,8 +172,11 @@ fn sweep<T: Num>(
         .ok_or_else(|| format!("unknown collective {:?}", work.collective))?;
     let (n, rank) = (comm.world(), comm.rank());
     let e = size_of::<T>();
-    if coll == Coll::SendRecv && n % 2 == 1 && n > 1 {
-        return Err("sendrecv pairs ranks: use an even number of ranks".into());
+    if coll.pairs() && n % 2 == 1 && n > 1 {
+        return Err(format!(
+            "{} pairs ranks: use an even number of ranks",
+            work.collective
+        ));
     }
     let print = rank == 0;
     if print {
@@ -384,6 +396,19 @@ fn measure<T: Num>(
                     g.recv(&mut out[..cout], peer)
                 })
             }
+            (Coll::PingPong, _) => {
+                let peer = rank ^ 1;
+                if n == 1 {
+                    out[..cout].copy_from_slice(&input);
+                } else if rank % 2 == 0 {
+                    comm.send(&input, peer)?;
+                    comm.recv(&mut out[..cout], peer)?;
+                } else {
+                    comm.recv(&mut out[..cout], peer)?;
+                    comm.send(&input, peer)?;
+                }
+                Ok(())
+            }
         }
     };
     let reset = |buf: &mut Buf<T>| {
@@ -402,7 +427,8 @@ fn measure<T: Num>(
     for _ in 0..a.iters {
         call(&mut out, &mut buf).map_err(|e| e.to_string())?;
     }
-    let mut t = [t0.elapsed().as_secs_f64() * 1e6 / a.iters.max(1) as f64];
+    let calls = a.iters.max(1) * if coll == Coll::PingPong { 2 } else { 1 };
+    let mut t = [t0.elapsed().as_secs_f64() * 1e6 / calls as f64];
     comm.all_reduce_in_place(&mut t, ampccl::ReduceOp::Max)
         .map_err(|e| e.to_string())?;
     let mut wrong = 0usize;
@@ -410,7 +436,7 @@ fn measure<T: Num>(
         reset(&mut buf);
         out.iter_mut().for_each(|x| *x = T::from_f64(0.0));
         call(&mut out, &mut buf).map_err(|e| e.to_string())?;
-        let got = if in_place && coll != Coll::AllToAll && coll != Coll::SendRecv {
+        let got = if in_place && coll != Coll::AllToAll && !coll.pairs() {
             &buf
         } else {
             &out
@@ -495,7 +521,7 @@ pub(crate) fn count_wrong<T: Num>(
                 .map(|i| bad(value(i / blk.max(1), rank * blk + i % blk.max(1)), got[i]))
                 .sum()
         }
-        Coll::SendRecv => {
+        Coll::SendRecv | Coll::PingPong => {
             let peer = if n == 1 { rank } else { rank ^ 1 };
             (0..cout).map(|i| bad(value(peer, i), got[i])).sum()
         }

@@ -399,6 +399,8 @@ struct Backoff {
     spin: Duration,
     polls: u32,
     since: Option<Instant>,
+    /// The spin phase is over (the driver yields and reads the clock on every pause).
+    spun: bool,
     naps: u32,
 }
 
@@ -408,17 +410,23 @@ impl Backoff {
             spin,
             polls: 0,
             since: None,
+            spun: false,
             naps: 0,
         }
     }
 
     /// Idle polls before the clock is read at all (a poll costs far less than a clock read).
     const FREE_SPINS: u32 = 64;
+    /// After those, spinning polls per clock reading.
+    const SPINS_PER_READ: u32 = 8;
 
     /// Spins or yields; returns true once the driver has been idle long enough to sleep.
     fn pause(&mut self) -> bool {
         self.polls = self.polls.saturating_add(1);
-        if self.polls < Self::FREE_SPINS && !self.spin.is_zero() {
+        let spinning = !self.spin.is_zero() && !self.spun;
+        if spinning
+            && (self.polls < Self::FREE_SPINS || !self.polls.is_multiple_of(Self::SPINS_PER_READ))
+        {
             spin_hint();
             return false;
         }
@@ -426,6 +434,7 @@ impl Backoff {
         if idle < self.spin {
             spin_hint();
         } else if idle < YIELD {
+            self.spun = true;
             crate::sync::thread::yield_now();
         } else {
             return true;

@@ -13,6 +13,7 @@ pub mod bootstrap;
 pub mod device;
 pub mod eager;
 pub mod handback;
+pub mod hold;
 pub mod link;
 pub mod mixed;
 pub mod ofi;
@@ -31,10 +32,15 @@ pub use ampccl_runtime::{Error, Result};
 use ampccl_runtime::param::Param;
 
 /// The transports' parameters ([`Param`], docs/TUNING.md): the TCP provider's connections per
-/// pair and stripe size. The other constants here are layout (the shared-memory segment's, a
+/// pair and stripe size, the `ofi` provider's rails, how long small frames are held back. The other constants here are layout (the shared-memory segment's, a
 /// cache line of credit words), bounds that keep the bootstrap from deadlocking, or choices of
 /// code that runs only at initialization; docs/TUNING.md ("Fixed constants") says why each
 /// stays fixed.
 pub fn params() -> Vec<&'static Param> {
-    vec![&tcp::stripe::NSOCKS, &tcp::stripe::STRIPE_MIN, &ofi::RAILS]
+    vec![
+        &tcp::stripe::NSOCKS,
+        &tcp::stripe::STRIPE_MIN,
+        &ofi::RAILS,
+        &hold::HOLD,
+    ]
 }

@@ -45,12 +45,14 @@ pub trait Transport: RmaDevice {
     fn mark_failed(&self, msg: &str);
     /// The error of the first peer that marked itself failed.
     fn check_peers_failed(&self) -> Result<()>;
-    /// Sends what the provider holds back to coalesce small frames; the engine calls it when
-    /// it finds nothing to do (providers that hold nothing back ignore it).
+    /// Sends the small frames the provider has held back ([`crate::hold`]) for
+    /// [`crate::hold::HOLD`] or longer; the engine calls it when it finds nothing to do
+    /// (providers that hold nothing back ignore it).
     fn flush(&self) {}
-    /// The engine's driver is about to sleep on the doorbell after its last look: a provider
-    /// whose receiving thread stands back while the engine polls (so as not to take its core)
-    /// hands that thread the connections back, so that what arrives next rings the doorbell.
+    /// The engine's driver is about to sleep on the doorbell after its last look: the provider
+    /// sends every frame it holds back, and one whose receiving thread stands back while the
+    /// engine polls (so as not to take its core) hands that thread the connections back, so
+    /// that what arrives next rings the doorbell.
     fn driver_sleeps(&self) {}
     /// Whether the provider holds frames back or stands its receiving thread back while the
     /// engine polls (and needs [`Transport::flush`] and [`Transport::driver_sleeps`] at all).

@@ -129,16 +129,17 @@ impl Communicator {
         )?;
         transport.set_op_formatter(OpParam::describe_record);
         let engine = Engine::new(transport.doorbell(), config.timeout);
-        // The transport's coalesced small frames go out whenever the engine has nothing to do,
-        // and its receiving thread takes the connections back when the engine sleeps. (A weak
-        // reference: the communicator, not its engine, owns the transport.)
+        // The transport's held-back small frames go out once the engine has had nothing to do
+        // for a while, or before it sleeps, when its receiving thread takes the connections
+        // back. (A weak reference: the communicator, not its engine, owns the transport.)
         if transport.holds_frames_back() {
             let flushed = Arc::downgrade(&transport);
             engine.set_idle_hook(Box::new(move |sleeping| {
                 if let Some(t) = flushed.upgrade() {
-                    t.flush();
                     if sleeping {
                         t.driver_sleeps();
+                    } else {
+                        t.flush();
                     }
                 }
             }));

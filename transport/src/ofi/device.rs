@@ -31,7 +31,9 @@ const PING_EVERY: Duration = Duration::from_millis(300);
 const IDLE_WAIT_MS: i32 = 100;
 /// How often the progress thread looks whether the engine still polls, while it does (with
 /// manual progress, a peer's writes move only while somebody reads our queue: an engine busy
-/// elsewhere leaves them to the thread after [`crate::handback::ENGINE_GRACE`] and this).
+/// elsewhere leaves them to the thread after [`crate::handback::ENGINE_GRACE`] and this; so
+/// does libfabric 2.x's `tcp`, which reports automatic progress but, with a wait object on
+/// the queue, ran no thread of its own in a profile of a ping-pong).
 const ENGINE_RECHECK_MS: i32 = 1;
 /// How long closing waits for our last messages to leave.
 const FLUSH_WAIT: Duration = Duration::from_millis(500);
@@ -55,22 +57,29 @@ pub struct OfiDevice {
     timeout: Duration,
 }
 
-/// Blocks until the completion queue's descriptor `cq` or `also` is readable or `ms` pass
-/// (without a queue descriptor, a sleep of at most a millisecond: the provider then only
-/// moves when polled).
-fn block(cq: Option<i32>, also: Option<i32>, ms: i32) {
-    let mut fds: Vec<libc::pollfd> = [cq, also]
-        .into_iter()
-        .flatten()
-        .map(|fd| libc::pollfd {
+/// Blocks until one of `fds` is readable or `ms` pass.
+fn block(fds: &[i32], ms: i32) {
+    let mut fds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
             fd,
             events: libc::POLLIN,
             revents: 0,
         })
         .collect();
-    let ms = if cq.is_some() { ms } else { ms.clamp(0, 1) };
-    // SAFETY: valid pollfds; a descriptor closed meanwhile only makes poll return.
+    // SAFETY: `fds` are valid pollfds for the call; the kernel holds its own reference to
+    // each descriptor's file while it waits.
     unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+}
+
+/// Blocks until the completion queue's descriptor `cq` is readable or `ms` pass (without a
+/// queue descriptor, a sleep of at most a millisecond: the provider then only moves when
+/// polled).
+fn block_on_queue(cq: Option<i32>, also: &[i32], ms: i32) {
+    match cq {
+        Some(fd) => block(&[&[fd], also].concat(), ms),
+        None => block(also, ms.clamp(0, 1)),
+    }
 }
 
 /// Drives the endpoint while the engine does not: reads completions (so that peers' writes
@@ -109,9 +118,9 @@ fn progress_thread(dev: Weak<OfiDevice>) {
         drop(d);
         if may_block {
             if engine {
-                block(None, Some(word), ENGINE_RECHECK_MS);
+                block(&[word], ENGINE_RECHECK_MS);
             } else {
-                block(cq, Some(word), IDLE_WAIT_MS);
+                block_on_queue(cq, &[word], IDLE_WAIT_MS);
             }
         }
     }
@@ -157,11 +166,17 @@ impl OfiDevice {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The state after reading the completions ready (an engine's poll).
+    /// The state after reading the completions ready (an engine's poll). A poll right after
+    /// one that found nothing returns the state as it is: reading the queue is a system call
+    /// with socket providers, and an engine step asks about several slots in a row (a
+    /// receive's eager slot, then its completion slot), so each step reads it about once.
     fn polled(&self) -> MutexGuard<'_, State> {
         self.polled.mark();
         let mut s = self.lock();
-        s.progress();
+        if std::mem::take(&mut s.polled_empty) {
+            return s;
+        }
+        s.polled_empty = !s.progress();
         s
     }
 
@@ -200,7 +215,7 @@ impl OfiDevice {
                 )));
             }
             if may_block {
-                block(self.wait_fd, None, 1);
+                block_on_queue(self.wait_fd, &[], 1);
             }
         }
     }
@@ -459,9 +474,10 @@ impl RmaDevice for OfiDevice {
 
 impl Drop for OfiDevice {
     /// Lets what we sent last (a credit, a failure note) leave before the endpoint closes:
-    /// with manual progress nothing moves unless we drive it.
+    /// with manual progress nothing moves unless we drive it. Then wakes the progress thread,
+    /// which finds the device gone and ends.
     fn drop(&mut self) {
-        self.lock().flush();
+        self.lock().flush(true);
         let deadline = Instant::now() + FLUSH_WAIT;
         while Instant::now() < deadline {
             let mut s = self.lock();
@@ -470,8 +486,9 @@ impl Drop for OfiDevice {
                 break;
             }
             drop(s);
-            block(self.wait_fd, None, 1);
+            block_on_queue(self.wait_fd, &[], 1);
         }
+        self.handback.give();
     }
 }
 
@@ -512,9 +529,10 @@ impl Transport for OfiDevice {
         true
     }
     fn flush(&self) {
-        self.lock().flush();
+        self.lock().flush(false);
     }
     fn driver_sleeps(&self) {
+        self.lock().flush(true);
         if self.polled.stop() {
             self.handback.give();
         }

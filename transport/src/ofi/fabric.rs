@@ -11,6 +11,7 @@
 //! opened with `FI_THREAD_DOMAIN`).
 
 use std::ffi::{CString, c_int, c_void};
+use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 use std::ptr::{null, null_mut};
 
@@ -494,16 +495,20 @@ impl Endpoint {
         unsafe { ((*(*ep).rma).read)(ep, buf.cast(), len, desc, src, addr, key, ctx) }
     }
 
-    /// Reads completions into `out` (drives the provider's progress): how many, or the error
-    /// completion (the operation's context and its message) that stopped it.
-    pub fn poll(&self, out: &mut [sys::CqDataEntry]) -> Result<usize, (*mut c_void, String)> {
+    /// Reads completions into `out` (drives the provider's progress): the entries read, or
+    /// the error completion (the operation's context and its message) that stopped it.
+    pub fn poll<'a>(
+        &self,
+        out: &'a mut [MaybeUninit<sys::CqDataEntry>],
+    ) -> Result<&'a [sys::CqDataEntry], (*mut c_void, String)> {
         // SAFETY: a live CQ's `read` writes at most `out.len()` entries of the DATA format.
         let n = unsafe { ((*(*self.cq).ops).read)(self.cq, out.as_mut_ptr().cast(), out.len()) };
         if n >= 0 {
-            return Ok(n as usize);
+            // SAFETY: the provider initialized the first `n` (<= `out.len()`) entries.
+            return Ok(unsafe { std::slice::from_raw_parts(out.as_ptr().cast(), n as usize) });
         }
         if n == -sys::FI_EAGAIN {
-            return Ok(0);
+            return Ok(&[]);
         }
         if n != -sys::FI_EAVAIL {
             return Err((

@@ -9,6 +9,7 @@ use std::time::Instant;
 use super::fabric::Mr;
 use super::sys::FiAddr;
 use crate::device::CtsEntry;
+use crate::hold::Held;
 
 /// A completion slot: the published immediate and length, and the transfer in progress (its
 /// immediate message, and the data writes counted so far).
@@ -55,9 +56,12 @@ pub struct PeerState {
     /// Why the peer is unreachable or was cut off.
     pub dead: Option<String>,
     /// Messages nobody waits for yet (credits, the clear-to-send entries of eager receives),
-    /// as a [`Kind::Batch`] payload: they leave with the next message to the peer or when the
-    /// engine idles ([`super::state::State::flush`]).
+    /// as a [`Kind::Batch`] payload: they leave with the next message to the peer, or once
+    /// the engine has idled [`crate::hold::HOLD`] or is about to sleep
+    /// ([`super::state::State::flush`]).
     pub deferred: Vec<u8>,
+    /// Since when the oldest of `deferred` waits.
+    pub held: Held,
     /// Our operations to the peer waiting in the backlog, and since when none has moved.
     pub backlogged: usize,
     pub stuck_since: Option<Instant>,
@@ -88,6 +92,7 @@ impl PeerState {
             failed: None,
             dead: None,
             deferred: Vec::new(),
+            held: Held::default(),
             backlogged: 0,
             stuck_since: None,
         }

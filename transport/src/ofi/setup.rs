@@ -210,7 +210,7 @@ pub fn connect(
     let version = ep.version();
     let mut state = State::new(ep, rank, peers, cfg.fifo_depth, EAGER_MAX);
     for _ in 0..state::recvs(world - 1) {
-        let buf = vec![0u8; wire::HEADER + EAGER_MAX.max(wire::MAX_TEXT)].into_boxed_slice();
+        let buf = vec![0u8; wire::msg_max(EAGER_MAX)].into_boxed_slice();
         state
             .post_recv(buf)
             .map_err(|e| setup_err(&format!("post a receive: {e}")))?;

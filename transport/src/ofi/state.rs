@@ -13,6 +13,8 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::mem::MaybeUninit;
 use std::time::{Duration, Instant};
 
 use super::fabric::{self, Endpoint, Mr};
@@ -137,12 +139,33 @@ struct Op {
     what: What,
 }
 
+/// Hashes the keys of the op table: context addresses, distinct by construction, so one
+/// multiplication spreads them (the default SipHash costs more than the table's lookup).
+#[derive(Default)]
+struct AddrHasher(u64);
+
+impl Hasher for AddrHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.0 = (n as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
 /// Everything behind the device's lock. On drop the endpoint's rails close first (nothing
 /// lands in our buffers after that), then the fields drop in order: registrations (in `peers`,
 /// `ops`, the pool) and buffers before the rest of the endpoint (its domain).
 pub struct State {
     pub peers: Vec<Option<PeerState>>,
-    ops: HashMap<usize, Op>,
+    ops: HashMap<usize, Op, BuildHasherDefault<AddrHasher>>,
     /// Operations the provider was too busy to take, in posting order, by context address.
     backlog: VecDeque<(usize, Op)>,
     /// Reads completed, by context address, until their waiter takes them.
@@ -155,6 +178,8 @@ pub struct State {
     pub depth: usize,
     pub eager_max: usize,
     pub ep: Endpoint,
+    /// Whether the engine's last poll found no completion (its next one skips the queue).
+    pub polled_empty: bool,
 }
 
 // SAFETY: the raw buffer pointers of queued writes and reads are only used to post them, under
@@ -177,10 +202,11 @@ impl State {
     ) -> State {
         State {
             peers,
-            ops: HashMap::new(),
+            ops: HashMap::default(),
             backlog: VecDeque::new(),
             reads_done: Vec::new(),
             send_pool: Vec::new(),
+            polled_empty: false,
             rank,
             depth,
             eager_max,
@@ -214,10 +240,14 @@ impl State {
     /// provider is busy, or earlier operations to the same peer wait, it waits in the backlog
     /// that [`State::progress`] retries.
     fn post(&mut self, what: What) -> Result<usize, String> {
-        let mut op = Op {
+        self.post_op(Op {
             ctx: Box::default(),
             what,
-        };
+        })
+    }
+
+    /// As [`State::post`] with the context `op` brings (that of a completed operation).
+    fn post_op(&mut self, mut op: Op) -> Result<usize, String> {
         let key = &mut *op.ctx as *mut Context2 as usize;
         let to = self.target(&op.what)?;
         let peer = op.what.peer();
@@ -312,7 +342,7 @@ impl State {
                 })
                 .map(drop);
         }
-        let msg_max = wire::HEADER + self.eager_max.max(wire::MAX_TEXT);
+        let msg_max = wire::msg_max(self.eager_max);
         if len > msg_max {
             return Err(format!("a message of {len} bytes (at most {msg_max})"));
         }
@@ -333,7 +363,7 @@ impl State {
     /// they fit together.
     pub fn send(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
         let msg = h.encode(self.rank, payload);
-        let batch_max = self.eager_max;
+        let batch_max = wire::msg_max(self.eager_max) - wire::HEADER;
         let p = self.peer(peer);
         if p.deferred.is_empty() {
             return self.post_send(peer, msg);
@@ -349,16 +379,20 @@ impl State {
     /// Defers `h` with `payload` to `peer` (see [`PeerState`]'s `deferred`).
     pub fn defer(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
         let msg = h.encode(self.rank, payload);
-        if self.peer(peer).deferred.len() + 4 + msg.len() > self.eager_max {
+        if self.peer(peer).deferred.len() + 4 + msg.len() > wire::DEFER_MAX {
             self.flush_peer(peer)?;
         }
-        wire::push_batch(&mut self.peer(peer).deferred, &msg);
+        let p = self.peer(peer);
+        wire::push_batch(&mut p.deferred, &msg);
+        p.held.note();
         Ok(())
     }
 
     /// Sends what is deferred to `peer`, as one message.
     fn flush_peer(&mut self, peer: usize) -> Result<(), String> {
-        let batch = std::mem::take(&mut self.peer(peer).deferred);
+        let p = self.peer(peer);
+        let batch = std::mem::take(&mut p.deferred);
+        p.held.clear();
         if batch.is_empty() {
             return Ok(());
         }
@@ -366,13 +400,15 @@ impl State {
         self.post_send(peer, buf)
     }
 
-    /// Sends what is deferred to every peer (a peer that is gone needs none of it).
-    pub fn flush(&mut self) {
+    /// Sends what is deferred to every peer (`all`), or to those whose oldest deferred
+    /// message has waited [`crate::hold::HOLD`]. A peer that is gone needs none of it.
+    pub fn flush(&mut self, all: bool) {
         for peer in 0..self.peers.len() {
-            if self.peers[peer]
-                .as_ref()
-                .is_some_and(|p| !p.deferred.is_empty())
-            {
+            let due = match self.peers[peer].as_mut() {
+                Some(p) if !p.deferred.is_empty() => all || p.held.due(),
+                _ => false,
+            };
+            if due {
                 let _ = self.flush_peer(peer);
             }
         }
@@ -446,24 +482,27 @@ impl State {
         true
     }
 
-    /// Reads and applies every completion ready; whether there was any.
+    /// Reads and applies every completion ready; whether there was any. A read that returns
+    /// fewer entries than asked for has emptied the queue: reading again would only cost
+    /// another pass through the provider (a system call with socket providers) right when
+    /// something arrived.
     pub fn progress(&mut self) -> bool {
-        let mut entries: [sys::CqDataEntry; 16] =
-            // SAFETY: all-integer/pointer entries, zero is a valid value.
-            unsafe { std::mem::zeroed() };
+        const BATCH: usize = 16;
+        let mut entries = [const { MaybeUninit::uninit() }; BATCH];
         let mut any = false;
         loop {
             match self.ep.poll(&mut entries) {
-                Ok(0) => {
-                    if !self.backlog.is_empty() {
-                        self.retry_backlog();
-                    }
-                    return any;
-                }
-                Ok(n) => {
-                    any = true;
-                    for e in &entries[..n] {
+                Ok(got) => {
+                    any |= !got.is_empty();
+                    let full = got.len() == BATCH;
+                    for e in got {
                         self.apply(e.op_context as usize, e.flags, e.len, e.data);
+                    }
+                    if !full {
+                        if !self.backlog.is_empty() {
+                            self.retry_backlog();
+                        }
+                        return any;
                     }
                 }
                 Err((ctx, why)) => {
@@ -484,7 +523,7 @@ impl State {
         let Some(peer) = op.what.peer() else {
             tracing::warn!("ofi: a receive failed: {why}");
             if let What::Recv { buf, mr } = op.what {
-                self.repost(buf, mr);
+                self.repost(op.ctx, buf, mr);
             }
             return;
         };
@@ -498,9 +537,11 @@ impl State {
         self.peer(peer).kill(format!("is unreachable: {why}"));
     }
 
-    /// Posts a completed receive's buffer again (with its registration, if any).
-    fn repost(&mut self, buf: Box<[u8]>, mr: Option<Mr>) {
-        if let Err(why) = self.post(What::Recv { buf, mr }) {
+    /// Posts a completed receive's buffer again (with its registration, if any) under its
+    /// context.
+    fn repost(&mut self, ctx: Box<Context2>, buf: Box<[u8]>, mr: Option<Mr>) {
+        let what = What::Recv { buf, mr };
+        if let Err(why) = self.post_op(Op { ctx, what }) {
             tracing::warn!("ofi: cannot post a receive again: {why}");
         }
     }
@@ -528,10 +569,9 @@ impl State {
             }
             What::Recv { buf, mr } => {
                 self.receive(&buf[..len.min(buf.len())]);
-                self.repost(buf, mr);
+                self.repost(op.ctx, buf, mr);
             }
         }
-        drop(op.ctx);
     }
 
     /// A peer's data write landed in our memory: count it for its slot.

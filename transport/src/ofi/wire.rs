@@ -18,6 +18,17 @@ pub const HEADER: usize = 32;
 pub const CTS_BYTES: usize = 32;
 /// Longest failure text a message carries.
 pub const MAX_TEXT: usize = 1024;
+/// Bytes of messages deferred to one peer (with their length prefixes in the batch) after
+/// which they leave without waiting for a carrier (as the TCP provider's).
+pub const DEFER_MAX: usize = 1024;
+
+/// Longest message for eager payloads of at most `eager_max` bytes, and the size of every
+/// receive: a batch of at most [`DEFER_MAX`] bytes of deferred messages plus one more message
+/// of any kind, so that deferred messages always ride in the same message as their carrier
+/// (a second message costs a second packet through the network stack, as much as the first).
+pub fn msg_max(eager_max: usize) -> usize {
+    HEADER + DEFER_MAX + 4 + HEADER + eager_max.max(MAX_TEXT)
+}
 
 /// What a message carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -206,6 +217,24 @@ pub fn parse_write_data(data: u64) -> (usize, usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_deferral_rides_with_the_largest_message_in_one_receive() {
+        let eager_max = 4096;
+        let credit = Header::new(Kind::Credit, 0, 1, 0, 0).encode(0, &[]);
+        let mut batch = Vec::new();
+        while batch.len() + 4 + credit.len() <= DEFER_MAX {
+            push_batch(&mut batch, &credit);
+        }
+        let eager =
+            Header::new(Kind::Eager, 0, 1, 0, eager_max as u64).encode(0, &vec![7; eager_max]);
+        push_batch(&mut batch, &eager);
+        let msg = Header::new(Kind::Batch, 0, 0, 0, 0).encode(0, &batch);
+        assert!(msg.len() <= msg_max(eager_max));
+        let (h, payload) = decode(&msg, 1, eager_max).unwrap();
+        assert_eq!(h.kind, Kind::Batch);
+        assert_eq!(split_batch(payload).unwrap().last(), Some(&&eager[..]));
+    }
 
     #[test]
     fn messages_round_trip_and_bad_ones_are_named() {

@@ -667,6 +667,13 @@ impl Transport for TcpDevice {
         true
     }
     fn driver_sleeps(&self) {
+        // A frame deferred after the swap sets the flag again; one deferred before it is
+        // found under its peer's lock.
+        if self.any_deferred.swap(false, Ordering::AcqRel) {
+            for p in self.peers.iter().flatten() {
+                p.flush();
+            }
+        }
         // Only when the engine polled some peer since the last word: a driver that naps again
         // and again costs the thread nothing.
         let mut polled = false;
@@ -678,12 +685,13 @@ impl Transport for TcpDevice {
         }
     }
     fn flush(&self) {
-        // A frame deferred after the swap sets the flag again; one deferred before it is
-        // found under its peer's lock.
+        // As in `driver_sleeps`; frames not due yet raise the flag again.
         if self.any_deferred.swap(false, Ordering::AcqRel) {
+            let mut left = false;
             for p in self.peers.iter().flatten() {
-                p.flush();
+                left |= p.flush_due();
             }
+            self.deferred(left);
         }
     }
     fn mark_failed(&self, msg: &str) {

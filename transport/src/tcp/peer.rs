@@ -5,11 +5,11 @@
 //! clear-to-send names) and the peer's health.
 //!
 //! Frames nobody waits for in the common case (credits, and the clear-to-send entries of eager
-//! receives, which only expose a length mismatch) are *deferred*: appended to the peer's
-//! outbox and sent in front of the next frame to that peer, in the same `sendmsg`, or when the
-//! engine finds nothing to do ([`Peer::flush`] from the transport's idle hook), or once
-//! [`DEFER_MAX`] bytes wait. A small exchange then costs one system call per message instead
-//! of three; nothing waits on a deferred frame longer than its sender's next idle moment.
+//! receives, which only expose a length mismatch) are *deferred* ([`crate::hold`]): appended
+//! to the peer's outbox and sent in front of the next frame to that peer, in the same
+//! `sendmsg`, or once the engine has idled [`crate::hold::HOLD`] ([`Peer::flush_due`]) or is
+//! about to sleep ([`Peer::flush`]), or once [`DEFER_MAX`] bytes wait. A small exchange then
+//! costs one system call per message instead of three.
 //!
 //! Whoever holds the connection's inbox ([`super::reader`]: the engine while it polls, or the
 //! receiving thread) is the only writer of the delivered state; everything else only reads it,
@@ -29,6 +29,7 @@ use super::frame::{HEADER, Header};
 use super::stripe::{Job, SendPath};
 use crate::device::{CtsEntry, EagerHeader};
 use crate::handback::PollMark;
+use crate::hold::Held;
 
 /// One eager slot: the inbox fills it while it is empty ([`EagerSlot::put`]), the protocol
 /// reads it once its index shows ([`EagerSlot::peek`], [`EagerSlot::read`]) and empties it
@@ -168,6 +169,8 @@ pub(super) struct Outbox {
     pub stream: TcpStream,
     /// Deferred frames, sent in front of the next frame.
     deferred: Vec<u8>,
+    /// Since when the oldest of `deferred` waits.
+    held: Held,
 }
 
 /// Everything about one peer.
@@ -228,6 +231,7 @@ impl Peer {
             out: Mutex::new(Outbox {
                 stream: out,
                 deferred: Vec::with_capacity(DEFER_MAX + 2 * HEADER),
+                held: Held::default(),
             }),
             has_deferred: AtomicBool::new(false),
             cts: (0..depth).map(|_| CtsCell::default()).collect(),
@@ -306,6 +310,7 @@ impl Peer {
         ];
         let sent = send(&mut Job::new(fd, bufs));
         out.deferred.clear();
+        out.held.clear();
         self.has_deferred.store(false, Ordering::Relaxed);
         sent
     }
@@ -322,6 +327,7 @@ impl Peer {
         let mut out = lock(&self.out);
         out.deferred.extend_from_slice(&h.encode());
         out.deferred.extend_from_slice(payload);
+        out.held.note();
         if out.deferred.len() < DEFER_MAX {
             self.has_deferred.store(true, Ordering::Relaxed);
             return true;
@@ -336,6 +342,19 @@ impl Peer {
             return;
         }
         self.send_deferred(&mut lock(&self.out));
+    }
+
+    /// Sends the deferred frames once the oldest has waited [`crate::hold::HOLD`]; whether
+    /// frames are left waiting.
+    pub fn flush_due(&self) -> bool {
+        if !self.has_deferred.load(Ordering::Relaxed) {
+            return false;
+        }
+        let mut out = lock(&self.out);
+        if out.held.due() {
+            self.send_deferred(&mut out);
+        }
+        !out.deferred.is_empty()
     }
 
     /// Sends the deferred frames, if any (clearing `has_deferred`).
@@ -383,6 +402,7 @@ impl Peer {
         let sent = self.path.send(&mut jobs);
         drop(jobs);
         out.deferred.clear();
+        out.held.clear();
         self.has_deferred.store(false, Ordering::Relaxed);
         sent.map_err(|e| self.lost(e))
     }
