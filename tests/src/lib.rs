@@ -88,6 +88,20 @@ pub fn worker(dispatch: impl FnOnce(&str) -> Outcome) {
     std::process::exit(code);
 }
 
+/// The threads of this process whose name starts with `prefix` (Linux truncates names to 15
+/// bytes), read from `/proc/self/task`.
+pub fn threads_named(prefix: &str) -> Vec<String> {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Vec::new();
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+        .map(|name| name.trim_end().to_string())
+        .filter(|name| name.starts_with(prefix))
+        .collect()
+}
+
 /// Rank and world size of this worker (`RANK`, `WORLD_SIZE`).
 pub fn rank_world() -> (usize, usize) {
     let get = |k: &str| -> usize {

@@ -9,7 +9,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use ampccl::{Communicator, ReduceOp, SharedBuf};
 use ampccl_tests::data::{TestElem, check, input, mix, reduced};
 use ampccl_tests::ofi::{self, Libfabric};
-use ampccl_tests::{Hosts, Launch, Outcome, each_dtype, ensure, err, init_comm, launch, worker};
+use ampccl_tests::{
+    Hosts, Launch, Outcome, each_dtype, ensure, err, init_comm, launch, threads_named, worker,
+};
 
 /// Counts every dtype and op runs.
 const SMALL: [usize; 4] = [0, 1, 7, 1021];
@@ -35,7 +37,13 @@ fn worker_entry() {
             "transport" => transport(c)?,
             s => return Err(format!("unknown scenario {s:?}")),
         }
-        comm.destroy().map_err(err("destroy"))
+        comm.destroy().map_err(err("destroy"))?;
+        // The `ofi` device stops and joins its progress thread when it drops, so that the
+        // endpoint never closes on that thread while the process exits.
+        let left = threads_named("ampccl-ofi-prog");
+        ensure(left.is_empty(), || {
+            format!("{} ofi progress thread(s) outlived destroy", left.len())
+        })
     });
 }
 

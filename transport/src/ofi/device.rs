@@ -3,7 +3,8 @@
 //! does not.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ampccl_runtime::doorbell::Doorbell;
@@ -37,8 +38,18 @@ const IDLE_WAIT_MS: i32 = 100;
 const ENGINE_RECHECK_MS: i32 = 1;
 /// How long closing waits for our last messages to leave.
 const FLUSH_WAIT: Duration = Duration::from_millis(500);
-/// The `ofi` provider connected to every peer of a communicator.
+/// The `ofi` provider connected to every peer of a communicator: what it shares with its
+/// progress thread, and that thread. Dropping it stops and joins the thread first, so the
+/// endpoint always closes on the thread that drops the device, before the drop returns (a
+/// thread that still held the device could otherwise close it while the process exits and
+/// libfabric's providers unload).
 pub struct OfiDevice {
+    shared: Arc<Shared>,
+    progress: Option<JoinHandle<()>>,
+}
+
+/// The device's state, shared with its progress thread.
+pub struct Shared {
     rank: usize,
     depth: usize,
     rails: usize,
@@ -55,6 +66,15 @@ pub struct OfiDevice {
     failed: AtomicBool,
     ops: OpLog,
     timeout: Duration,
+    /// Set when the device drops: the progress thread ends.
+    stop: AtomicBool,
+}
+
+impl std::ops::Deref for OfiDevice {
+    type Target = Shared;
+    fn deref(&self) -> &Shared {
+        &self.shared
+    }
 }
 
 /// Blocks until one of `fds` is readable or `ms` pass.
@@ -86,12 +106,15 @@ fn block_on_queue(cq: Option<i32>, also: &[i32], ms: i32) {
 /// land and the engine's waiters wake: it rings the doorbell when something arrived) and
 /// otherwise blocks on the completion queue's descriptor and the engine's [`Handback`]. While
 /// the engine polls the endpoint itself, the thread leaves the queue alone and waits for the
-/// engine's word. Either way it sends the liveness messages.
-fn progress_thread(dev: Weak<OfiDevice>) {
+/// engine's word. Either way it sends the liveness messages. Ends once the device drops
+/// (`stop`, then the word: read after the word is taken, so neither is missed).
+fn progress_thread(d: Arc<Shared>) {
     let mut last_ping = Instant::now();
     loop {
-        let Some(d) = dev.upgrade() else { return };
         d.handback.take();
+        if d.stop.load(Ordering::Acquire) {
+            return;
+        }
         let ping = last_ping.elapsed() >= PING_EVERY;
         let engine = d.polled.recent();
         let (any, may_block) = if engine && !ping {
@@ -115,7 +138,6 @@ fn progress_thread(dev: Weak<OfiDevice>) {
             d.bell.ring();
         }
         let (cq, word) = (d.wait_fd, d.handback.fd());
-        drop(d);
         if may_block {
             if engine {
                 block(&[word], ENGINE_RECHECK_MS);
@@ -138,7 +160,7 @@ impl OfiDevice {
         timeout: Duration,
     ) -> Result<Arc<OfiDevice>> {
         let wait_fd = state.ep.wait_fd();
-        let dev = Arc::new(OfiDevice {
+        let shared = Arc::new(Shared {
             rank,
             depth,
             rails,
@@ -153,15 +175,21 @@ impl OfiDevice {
             failed: AtomicBool::new(false),
             ops: OpLog::default(),
             timeout,
+            stop: AtomicBool::new(false),
         });
-        let weak = Arc::downgrade(&dev);
-        std::thread::Builder::new()
+        let theirs = shared.clone();
+        let progress = std::thread::Builder::new()
             .name("ampccl-ofi-progress".into())
-            .spawn(move || progress_thread(weak))
+            .spawn(move || progress_thread(theirs))
             .map_err(|e| Error::system("ofi: spawn the progress thread", e))?;
-        Ok(dev)
+        Ok(Arc::new(OfiDevice {
+            shared,
+            progress: Some(progress),
+        }))
     }
+}
 
+impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -474,8 +502,8 @@ impl RmaDevice for OfiDevice {
 
 impl Drop for OfiDevice {
     /// Lets what we sent last (a credit, a failure note) leave before the endpoint closes:
-    /// with manual progress nothing moves unless we drive it. Then wakes the progress thread,
-    /// which finds the device gone and ends.
+    /// with manual progress nothing moves unless we drive it. Then stops the progress thread
+    /// and waits for it, so that the endpoint closes here, when `shared` drops.
     fn drop(&mut self) {
         self.lock().flush(true);
         let deadline = Instant::now() + FLUSH_WAIT;
@@ -488,7 +516,13 @@ impl Drop for OfiDevice {
             drop(s);
             block_on_queue(self.wait_fd, &[], 1);
         }
+        self.stop.store(true, Ordering::Release);
         self.handback.give();
+        if let Some(t) = self.progress.take() {
+            // A panic of the thread is already reported by its hook; the device closes
+            // either way.
+            let _ = t.join();
+        }
     }
 }
 
