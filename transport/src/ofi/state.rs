@@ -360,44 +360,46 @@ impl State {
     }
 
     /// Sends `h` with `payload` to `peer`, in one batch with the messages deferred to it when
-    /// they fit together.
+    /// they fit together (always, from [`wire::msg_max`]'s receives).
     pub fn send(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
-        let msg = h.encode(self.rank, payload);
-        let batch_max = wire::msg_max(self.eager_max) - wire::HEADER;
+        let (rank, batch_max) = (self.rank, wire::msg_max(self.eager_max) - wire::HEADER);
         let p = self.peer(peer);
         if p.deferred.is_empty() {
+            return self.post_send(peer, h.encode(rank, payload));
+        }
+        if p.deferred.len() + wire::batched_len(payload.len()) <= batch_max {
+            let msg = wire::batch_message(rank, &p.deferred, Some((h, payload)));
+            p.deferred.clear();
+            p.held.clear();
             return self.post_send(peer, msg);
         }
-        if p.deferred.len() + 4 + msg.len() <= batch_max {
-            wire::push_batch(&mut p.deferred, &msg);
-            return self.flush_peer(peer);
-        }
         self.flush_peer(peer)?;
-        self.post_send(peer, msg)
+        self.post_send(peer, h.encode(rank, payload))
     }
 
     /// Defers `h` with `payload` to `peer` (see [`PeerState`]'s `deferred`).
     pub fn defer(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
-        let msg = h.encode(self.rank, payload);
-        if self.peer(peer).deferred.len() + 4 + msg.len() > wire::DEFER_MAX {
+        if self.peer(peer).deferred.len() + wire::batched_len(payload.len()) > wire::DEFER_MAX {
             self.flush_peer(peer)?;
         }
+        let rank = self.rank;
         let p = self.peer(peer);
-        wire::push_batch(&mut p.deferred, &msg);
+        wire::push_batch(&mut p.deferred, h, rank, payload);
         p.held.note();
         Ok(())
     }
 
-    /// Sends what is deferred to `peer`, as one message.
+    /// Sends what is deferred to `peer`, as one message (the deferral's buffer stays).
     fn flush_peer(&mut self, peer: usize) -> Result<(), String> {
+        let rank = self.rank;
         let p = self.peer(peer);
-        let batch = std::mem::take(&mut p.deferred);
         p.held.clear();
-        if batch.is_empty() {
+        if p.deferred.is_empty() {
             return Ok(());
         }
-        let buf = Header::new(Kind::Batch, 0, 0, 0, 0).encode(self.rank, &batch);
-        self.post_send(peer, buf)
+        let msg = wire::batch_message(rank, &p.deferred, None);
+        p.deferred.clear();
+        self.post_send(peer, msg)
     }
 
     /// Sends what is deferred to every peer (`all`), or to those whose oldest deferred

@@ -79,15 +79,20 @@ impl Header {
     /// The header followed by `payload`, as rank `from` sends it.
     pub fn encode(&self, from: usize, payload: &[u8]) -> Vec<u8> {
         let mut m = Vec::with_capacity(HEADER + payload.len());
-        m.extend_from_slice(&(self.kind as u32).to_le_bytes());
-        m.extend_from_slice(&self.slot.to_le_bytes());
-        m.extend_from_slice(&self.a.to_le_bytes());
-        m.extend_from_slice(&self.b.to_le_bytes());
-        m.extend_from_slice(&self.value.to_le_bytes());
-        m.extend_from_slice(&(from as u32).to_le_bytes());
-        m.extend_from_slice(&[0u8; 4]);
-        m.extend_from_slice(payload);
+        self.encode_into(&mut m, from, payload);
         m
+    }
+
+    /// Appends the header and `payload`, as rank `from` sends them, to `out`.
+    pub fn encode_into(&self, out: &mut Vec<u8>, from: usize, payload: &[u8]) {
+        out.extend_from_slice(&(self.kind as u32).to_le_bytes());
+        out.extend_from_slice(&self.slot.to_le_bytes());
+        out.extend_from_slice(&self.a.to_le_bytes());
+        out.extend_from_slice(&self.b.to_le_bytes());
+        out.extend_from_slice(&self.value.to_le_bytes());
+        out.extend_from_slice(&(from as u32).to_le_bytes());
+        out.extend_from_slice(&[0u8; 4]);
+        out.extend_from_slice(payload);
     }
 }
 
@@ -149,10 +154,28 @@ pub fn decode(msg: &[u8], depth: usize, eager_max: usize) -> Result<(Header, &[u
     Ok((h, payload))
 }
 
-/// Appends `msg` to the payload of a [`Kind::Batch`] message.
-pub fn push_batch(batch: &mut Vec<u8>, msg: &[u8]) {
-    batch.extend_from_slice(&(msg.len() as u32).to_le_bytes());
-    batch.extend_from_slice(msg);
+/// Bytes a message of `payload` bytes takes in a [`Kind::Batch`] payload.
+pub fn batched_len(payload: usize) -> usize {
+    4 + HEADER + payload
+}
+
+/// Appends the message `h` with `payload` from rank `from` to the payload of a
+/// [`Kind::Batch`] message (encoded in place).
+pub fn push_batch(batch: &mut Vec<u8>, h: &Header, from: usize, payload: &[u8]) {
+    batch.extend_from_slice(&((HEADER + payload.len()) as u32).to_le_bytes());
+    h.encode_into(batch, from, payload);
+}
+
+/// A [`Kind::Batch`] message from rank `from` of the batch payload `batch` followed by the
+/// message `h` with `payload`, if any, built in one buffer.
+pub fn batch_message(from: usize, batch: &[u8], last: Option<(&Header, &[u8])>) -> Vec<u8> {
+    let extra = last.map_or(0, |(_, p)| batched_len(p.len()));
+    let mut m = Vec::with_capacity(HEADER + batch.len() + extra);
+    Header::new(Kind::Batch, 0, 0, 0, 0).encode_into(&mut m, from, batch);
+    if let Some((h, payload)) = last {
+        push_batch(&mut m, h, from, payload);
+    }
+    m
 }
 
 /// The messages of a [`Kind::Batch`] payload; batches do not nest.
@@ -221,15 +244,15 @@ mod tests {
     #[test]
     fn a_full_deferral_rides_with_the_largest_message_in_one_receive() {
         let eager_max = 4096;
-        let credit = Header::new(Kind::Credit, 0, 1, 0, 0).encode(0, &[]);
+        let credit = Header::new(Kind::Credit, 0, 1, 0, 0);
         let mut batch = Vec::new();
-        while batch.len() + 4 + credit.len() <= DEFER_MAX {
-            push_batch(&mut batch, &credit);
+        while batch.len() + batched_len(0) <= DEFER_MAX {
+            push_batch(&mut batch, &credit, 0, &[]);
         }
-        let eager =
-            Header::new(Kind::Eager, 0, 1, 0, eager_max as u64).encode(0, &vec![7; eager_max]);
-        push_batch(&mut batch, &eager);
-        let msg = Header::new(Kind::Batch, 0, 0, 0, 0).encode(0, &batch);
+        let e = Header::new(Kind::Eager, 0, 1, 0, eager_max as u64);
+        let payload = vec![7; eager_max];
+        let eager = e.encode(0, &payload);
+        let msg = batch_message(0, &batch, Some((&e, &payload)));
         assert!(msg.len() <= msg_max(eager_max));
         let (h, payload) = decode(&msg, 1, eager_max).unwrap();
         assert_eq!(h.kind, Kind::Batch);
@@ -259,16 +282,24 @@ mod tests {
         unknown[0] = 99;
         assert!(decode(&unknown, 4, 16).unwrap_err().contains("kind 99"));
         assert_eq!(parse_write_data(write_data(513, 255)), (513, 255));
-        let ack = Header::new(Kind::Ack, 0, 0, 0, 0).encode(0, &[]);
+        let ack = Header::new(Kind::Ack, 0, 0, 0, 0);
         let mut batch = Vec::new();
-        push_batch(&mut batch, &ack);
-        push_batch(&mut batch, &m);
-        assert_eq!(split_batch(&batch).unwrap(), vec![&ack[..], &m[..]]);
+        push_batch(&mut batch, &ack, 0, &[]);
+        push_batch(
+            &mut batch,
+            &Header::new(Kind::Cts, 3, 0, 0, 42),
+            7,
+            &encode_cts(&e),
+        );
+        let acked = ack.encode(0, &[]);
+        assert_eq!(split_batch(&batch).unwrap(), vec![&acked[..], &m[..]]);
         assert!(split_batch(&batch[..batch.len() - 1]).is_err());
         let mut nested = Vec::new();
         push_batch(
             &mut nested,
-            &Header::new(Kind::Batch, 0, 0, 0, 0).encode(0, &batch),
+            &Header::new(Kind::Batch, 0, 0, 0, 0),
+            0,
+            &batch,
         );
         assert!(split_batch(&nested).unwrap_err().contains("inside"));
     }
