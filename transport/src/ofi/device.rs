@@ -2,6 +2,7 @@
 //! transport interfaces, and the progress thread that drives the endpoint while the engine
 //! does not.
 
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -44,7 +45,8 @@ const FLUSH_WAIT: Duration = Duration::from_millis(500);
 /// thread that still held the device could otherwise close it while the process exits and
 /// libfabric's providers unload).
 pub struct OfiDevice {
-    shared: Arc<Shared>,
+    /// Dropped with the device, unless operations were still in flight (see its drop).
+    shared: ManuallyDrop<Arc<Shared>>,
     progress: Option<JoinHandle<()>>,
 }
 
@@ -183,7 +185,7 @@ impl OfiDevice {
             .spawn(move || progress_thread(theirs))
             .map_err(|e| Error::system("ofi: spawn the progress thread", e))?;
         Ok(Arc::new(OfiDevice {
-            shared,
+            shared: ManuallyDrop::new(shared),
             progress: Some(progress),
         }))
     }
@@ -504,13 +506,22 @@ impl Drop for OfiDevice {
     /// Lets what we sent last (a credit, a failure note) leave before the endpoint closes:
     /// with manual progress nothing moves unless we drive it. Then stops the progress thread
     /// and waits for it, so that the endpoint closes here, when `shared` drops.
+    ///
+    /// A device whose communicator failed (or whose peer is lost, or with operations still in
+    /// flight by then) is left open: closing an endpoint after a connection broke mid-transfer
+    /// crashes libfabric 1.17's `ofi_rxm` inside `fi_close` (about one close in five after a
+    /// link loss mid-collective, `ofi_hosts_link_down_mid_collective`, also with nothing of
+    /// ours in flight any more). Its endpoint, buffers and registrations then stay allocated
+    /// (one device per failed communicator) and nothing of ours is freed under the provider.
     fn drop(&mut self) {
         self.lock().flush(true);
         let deadline = Instant::now() + FLUSH_WAIT;
+        let mut in_flight = true;
         while Instant::now() < deadline {
             let mut s = self.lock();
             s.progress();
-            if !s.sending() {
+            in_flight = s.sending();
+            if !in_flight {
                 break;
             }
             drop(s);
@@ -523,6 +534,21 @@ impl Drop for OfiDevice {
             // either way.
             let _ = t.join();
         }
+        let lost = self
+            .lock()
+            .peers
+            .iter()
+            .flatten()
+            .any(|p| p.dead.is_some() || p.failed.is_some());
+        if in_flight || lost || self.failed.load(Ordering::Acquire) {
+            tracing::info!(
+                "ofi: the communicator failed: its endpoint is left open rather than closed \
+                 after broken transfers"
+            );
+            return;
+        }
+        // SAFETY: `shared` is dropped once, here, and not used afterwards.
+        unsafe { ManuallyDrop::drop(&mut self.shared) };
     }
 }
 
