@@ -196,17 +196,19 @@ impl Shared {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The state after reading the completions ready (an engine's poll). A poll right after
-    /// one that found nothing returns the state as it is: reading the queue is a system call
-    /// with socket providers, and an engine step asks about several slots in a row (a
-    /// receive's eager slot, then its completion slot), so each step reads it about once.
+    /// The state after reading the completions ready (an engine's poll). Every other poll
+    /// returns the state as it is: reading the queue is a system call with socket providers,
+    /// and an engine step asks about several slots in a row (a receive's eager slot, then its
+    /// completion slot). Were a poll that found something followed by another read, a
+    /// message landing in the step's second question would cost the next step a wasted
+    /// system call before anyone looks at it; alternating, the next question sees it at once.
     fn polled(&self) -> MutexGuard<'_, State> {
         self.polled.mark();
         let mut s = self.lock();
-        if std::mem::take(&mut s.polled_empty) {
-            return s;
+        if !std::mem::take(&mut s.polled_fresh) {
+            s.progress();
+            s.polled_fresh = true;
         }
-        s.polled_empty = !s.progress();
         s
     }
 

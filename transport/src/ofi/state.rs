@@ -178,8 +178,8 @@ pub struct State {
     pub depth: usize,
     pub eager_max: usize,
     pub ep: Endpoint,
-    /// Whether the engine's last poll found no completion (its next one skips the queue).
-    pub polled_empty: bool,
+    /// Whether the engine's last poll read the queue (its next one skips it).
+    pub polled_fresh: bool,
 }
 
 // SAFETY: the raw buffer pointers of queued writes and reads are only used to post them, under
@@ -206,7 +206,7 @@ impl State {
             backlog: VecDeque::new(),
             reads_done: Vec::new(),
             send_pool: Vec::new(),
-            polled_empty: false,
+            polled_fresh: false,
             rank,
             depth,
             eager_max,
