@@ -43,11 +43,10 @@ pub const STUCK: Duration = Duration::from_secs(1);
 enum What {
     /// A receive from any peer into `buf` (registered where the provider asks).
     Recv { buf: Box<[u8]>, mr: Option<Mr> },
-    /// A message of `len` bytes at `buf` to `peer`; the buffer lives until sent.
+    /// The message in `buf` to `peer`; the buffer lives until sent.
     Send {
         peer: usize,
-        buf: Box<[u8]>,
-        len: usize,
+        buf: Vec<u8>,
         mr: Option<Mr>,
     },
     /// A data write of `[src, src+len)` on `rail` to `peer`'s `(key, addr)` with completion
@@ -99,8 +98,8 @@ impl What {
                     to,
                     ctx,
                 ),
-                What::Send { buf, len, mr, .. } => {
-                    ep.send(buf.as_ptr(), *len, fabric::desc(mr), to, ctx)
+                What::Send { buf, mr, .. } => {
+                    ep.send(buf.as_ptr(), buf.len(), fabric::desc(mr), to, ctx)
                 }
                 What::Write {
                     src,
@@ -139,6 +138,18 @@ struct Op {
     what: What,
 }
 
+/// Most message buffers kept for reuse.
+const SEND_POOL: usize = 64;
+
+/// A message buffer ([`wire::msg_max`] bytes of capacity, registered where the provider asks)
+/// with a context to send it under: kept for the next message once its send completed, so a
+/// message costs no allocation.
+struct SendBuf {
+    ctx: Box<Context2>,
+    buf: Vec<u8>,
+    mr: Option<Mr>,
+}
+
 /// Hashes the keys of the op table: context addresses, distinct by construction, so one
 /// multiplication spreads them (the default SipHash costs more than the table's lookup).
 #[derive(Default)]
@@ -170,9 +181,8 @@ pub struct State {
     backlog: VecDeque<(usize, Op)>,
     /// Reads completed, by context address, until their waiter takes them.
     reads_done: Vec<usize>,
-    /// Registered message buffers not in use (where the provider asks for local
-    /// registrations: a message is copied into one instead of registering each).
-    send_pool: Vec<(Box<[u8]>, Mr)>,
+    /// Message buffers not in use (see [`SendBuf`]).
+    send_pool: Vec<SendBuf>,
     /// Our rank, which every message names.
     rank: usize,
     pub depth: usize,
@@ -327,54 +337,64 @@ impl State {
         self.post(What::Recv { buf, mr }).map(drop)
     }
 
-    /// Posts a message to `peer`: from `msg` itself, or copied into a registered buffer of
-    /// the pool where the provider asks for local registrations.
-    fn post_send(&mut self, peer: usize, msg: Vec<u8>) -> Result<(), String> {
-        let len = msg.len();
-        if !self.ep.caps.local_mr {
-            let buf = msg.into_boxed_slice();
-            return self
-                .post(What::Send {
-                    peer,
-                    buf,
-                    len,
-                    mr: None,
-                })
-                .map(drop);
-        }
+    /// A buffer for a message of `len` bytes: one of the pool, or a new one.
+    fn send_buf(&mut self, len: usize) -> Result<SendBuf, String> {
         let msg_max = wire::msg_max(self.eager_max);
         if len > msg_max {
             return Err(format!("a message of {len} bytes (at most {msg_max})"));
         }
-        let (mut buf, mr) = match self.send_pool.pop() {
-            Some(b) => b,
-            None => {
-                let buf = vec![0u8; msg_max].into_boxed_slice();
-                let mr = self.ep.register(buf.as_ptr(), buf.len(), sys::FI_SEND)?;
-                (buf, mr)
-            }
-        };
-        buf[..len].copy_from_slice(&msg);
-        let mr = Some(mr);
-        self.post(What::Send { peer, buf, len, mr }).map(drop)
+        if let Some(mut b) = self.send_pool.pop() {
+            b.buf.clear();
+            return Ok(b);
+        }
+        // Never grown past its capacity (`len` is checked above), so a registration of the
+        // capacity covers every message built in it.
+        let buf = Vec::with_capacity(msg_max);
+        let mr = self.local(buf.as_ptr(), msg_max, sys::FI_SEND)?;
+        Ok(SendBuf {
+            ctx: Box::default(),
+            buf,
+            mr,
+        })
+    }
+
+    /// Keeps a buffer whose send completed for the next message.
+    fn recycle(&mut self, b: SendBuf) {
+        if self.send_pool.len() < SEND_POOL {
+            self.send_pool.push(b);
+        }
+    }
+
+    /// Posts the message built in `b` to `peer`.
+    fn post_send(&mut self, peer: usize, b: SendBuf) -> Result<(), String> {
+        let SendBuf { ctx, buf, mr } = b;
+        let what = What::Send { peer, buf, mr };
+        self.post_op(Op { ctx, what }).map(drop)
     }
 
     /// Sends `h` with `payload` to `peer`, in one batch with the messages deferred to it when
     /// they fit together (always, from [`wire::msg_max`]'s receives).
     pub fn send(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
-        let (rank, batch_max) = (self.rank, wire::msg_max(self.eager_max) - wire::HEADER);
+        let rank = self.rank;
+        let batch_max = wire::msg_max(self.eager_max) - wire::HEADER;
+        let deferred = self.peer(peer).deferred.len();
+        if deferred > 0 && deferred + wire::batched_len(payload.len()) > batch_max {
+            self.flush_peer(peer)?;
+        }
+        let len = match self.peer(peer).deferred.len() {
+            0 => wire::HEADER + payload.len(),
+            d => wire::HEADER + d + wire::batched_len(payload.len()),
+        };
+        let mut b = self.send_buf(len)?;
         let p = self.peer(peer);
         if p.deferred.is_empty() {
-            return self.post_send(peer, h.encode(rank, payload));
-        }
-        if p.deferred.len() + wire::batched_len(payload.len()) <= batch_max {
-            let msg = wire::batch_message(rank, &p.deferred, Some((h, payload)));
+            h.encode_into(&mut b.buf, rank, payload);
+        } else {
+            wire::batch_into(&mut b.buf, rank, &p.deferred, Some((h, payload)));
             p.deferred.clear();
             p.held.clear();
-            return self.post_send(peer, msg);
         }
-        self.flush_peer(peer)?;
-        self.post_send(peer, h.encode(rank, payload))
+        self.post_send(peer, b)
     }
 
     /// Defers `h` with `payload` to `peer` (see [`PeerState`]'s `deferred`).
@@ -397,9 +417,12 @@ impl State {
         if p.deferred.is_empty() {
             return Ok(());
         }
-        let msg = wire::batch_message(rank, &p.deferred, None);
+        let len = wire::HEADER + p.deferred.len();
+        let mut b = self.send_buf(len)?;
+        let p = self.peer(peer);
+        wire::batch_into(&mut b.buf, rank, &p.deferred, None);
         p.deferred.clear();
-        self.post_send(peer, msg)
+        self.post_send(peer, b)
     }
 
     /// Sends what is deferred to every peer (`all`), or to those whose oldest deferred
@@ -531,10 +554,12 @@ impl State {
         };
         match op.what {
             What::Write { .. } | What::Read { .. } => self.peer(peer).in_flight -= 1,
-            What::Send {
-                buf, mr: Some(mr), ..
-            } => self.send_pool.push((buf, mr)),
-            _ => {}
+            What::Send { buf, mr, .. } => self.recycle(SendBuf {
+                ctx: op.ctx,
+                buf,
+                mr,
+            }),
+            What::Recv { .. } => {}
         }
         self.peer(peer).kill(format!("is unreachable: {why}"));
     }
@@ -559,11 +584,11 @@ impl State {
             return;
         };
         match op.what {
-            What::Send { buf, mr, .. } => {
-                if let Some(mr) = mr {
-                    self.send_pool.push((buf, mr));
-                }
-            }
+            What::Send { buf, mr, .. } => self.recycle(SendBuf {
+                ctx: op.ctx,
+                buf,
+                mr,
+            }),
             What::Write { peer, .. } => self.peer(peer).in_flight -= 1,
             What::Read { peer, .. } => {
                 self.peer(peer).in_flight -= 1;
@@ -596,29 +621,29 @@ impl State {
     /// Checks and applies a received message: a peer whose message is wrong is cut off; one
     /// that names no peer of ours is dropped (nobody to blame for it).
     fn receive(&mut self, msg: &[u8]) {
-        let sender = wire::decode(msg, self.depth, self.eager_max)
+        let decoded = wire::decode(msg, self.depth, self.eager_max)
             .ok()
-            .map(|(h, _)| h.from as usize)
-            .filter(|&r| self.peers.get(r).is_some_and(Option::is_some));
-        let Some(peer) = sender else {
+            .filter(|(h, _)| self.peers.get(h.from as usize).is_some_and(Option::is_some));
+        let Some((h, payload)) = decoded else {
             tracing::warn!("ofi: dropped a message of {} bytes from no peer", msg.len());
             return;
         };
-        if let Err(why) = self.receive_from(peer, msg) {
+        let peer = h.from as usize;
+        if let Err(why) = self.receive_from(peer, &h, payload) {
             self.peer(peer).kill(why);
         }
     }
 
-    /// Applies a message from `peer` (each message of a batch in turn); what is wrong with it.
-    fn receive_from(&mut self, peer: usize, msg: &[u8]) -> Result<(), String> {
-        let (h, payload) =
-            wire::decode(msg, self.depth, self.eager_max).map_err(|w| format!("sent {w}"))?;
+    /// Applies message `h` with `payload` from `peer` (each message of a batch in turn); what
+    /// is wrong with it.
+    fn receive_from(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
         if h.kind != Kind::Batch {
             return self
-                .deliver(peer, &h, payload)
+                .deliver(peer, h, payload)
                 .map_err(|w| format!("protocol violation: {w}"));
         }
-        for inner in wire::split_batch(payload).map_err(|w| format!("sent {w}"))? {
+        for inner in wire::split_batch(payload) {
+            let inner = inner.map_err(|w| format!("sent {w}"))?;
             let (h, payload) =
                 wire::decode(inner, self.depth, self.eager_max).map_err(|w| format!("sent {w}"))?;
             if h.from as usize != peer {

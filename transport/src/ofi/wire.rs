@@ -77,6 +77,7 @@ impl Header {
     }
 
     /// The header followed by `payload`, as rank `from` sends it.
+    #[cfg(test)]
     pub fn encode(&self, from: usize, payload: &[u8]) -> Vec<u8> {
         let mut m = Vec::with_capacity(HEADER + payload.len());
         self.encode_into(&mut m, from, payload);
@@ -166,39 +167,42 @@ pub fn push_batch(batch: &mut Vec<u8>, h: &Header, from: usize, payload: &[u8]) 
     h.encode_into(batch, from, payload);
 }
 
-/// A [`Kind::Batch`] message from rank `from` of the batch payload `batch` followed by the
-/// message `h` with `payload`, if any, built in one buffer.
-pub fn batch_message(from: usize, batch: &[u8], last: Option<(&Header, &[u8])>) -> Vec<u8> {
-    let extra = last.map_or(0, |(_, p)| batched_len(p.len()));
-    let mut m = Vec::with_capacity(HEADER + batch.len() + extra);
-    Header::new(Kind::Batch, 0, 0, 0, 0).encode_into(&mut m, from, batch);
+/// Appends to `out` a [`Kind::Batch`] message from rank `from` of the batch payload `batch`
+/// followed by the message `h` with `payload`, if any.
+pub fn batch_into(out: &mut Vec<u8>, from: usize, batch: &[u8], last: Option<(&Header, &[u8])>) {
+    Header::new(Kind::Batch, 0, 0, 0, 0).encode_into(out, from, batch);
     if let Some((h, payload)) = last {
-        push_batch(&mut m, h, from, payload);
+        push_batch(out, h, from, payload);
     }
-    m
 }
 
-/// The messages of a [`Kind::Batch`] payload; batches do not nest.
-pub fn split_batch(mut payload: &[u8]) -> Result<Vec<&[u8]>, String> {
-    let mut msgs = Vec::new();
-    while !payload.is_empty() {
-        let Some((len, rest)) = payload.split_first_chunk::<4>() else {
-            return Err(format!("a batch ending in {} stray bytes", payload.len()));
+/// The messages of a [`Kind::Batch`] payload, in order, each checked as it is reached (an
+/// error ends the walk; batches do not nest). Walked in place: receiving a batch allocates
+/// nothing.
+pub fn split_batch(payload: &[u8]) -> impl Iterator<Item = Result<&[u8], String>> {
+    let mut rest = Some(payload);
+    std::iter::from_fn(move || {
+        let payload = rest.take().filter(|p| !p.is_empty())?;
+        let Some((len, tail)) = payload.split_first_chunk::<4>() else {
+            return Some(Err(format!(
+                "a batch ending in {} stray bytes",
+                payload.len()
+            )));
         };
         let len = u32::from_le_bytes(*len) as usize;
-        if len > rest.len() {
-            return Err(format!(
+        if len > tail.len() {
+            return Some(Err(format!(
                 "a batched message of {len} bytes, {} left",
-                rest.len()
-            ));
+                tail.len()
+            )));
         }
-        if rest[..len].starts_with(&(Kind::Batch as u32).to_le_bytes()) {
-            return Err("a batch inside a batch".into());
+        let (msg, tail) = tail.split_at(len);
+        if msg.starts_with(&(Kind::Batch as u32).to_le_bytes()) {
+            return Some(Err("a batch inside a batch".into()));
         }
-        msgs.push(&rest[..len]);
-        payload = &rest[len..];
-    }
-    Ok(msgs)
+        rest = Some(tail);
+        Some(Ok(msg))
+    })
 }
 
 pub fn encode_cts(e: &CtsEntry) -> [u8; CTS_BYTES] {
@@ -252,11 +256,13 @@ mod tests {
         let e = Header::new(Kind::Eager, 0, 1, 0, eager_max as u64);
         let payload = vec![7; eager_max];
         let eager = e.encode(0, &payload);
-        let msg = batch_message(0, &batch, Some((&e, &payload)));
+        let mut msg = Vec::new();
+        batch_into(&mut msg, 0, &batch, Some((&e, &payload)));
         assert!(msg.len() <= msg_max(eager_max));
         let (h, payload) = decode(&msg, 1, eager_max).unwrap();
         assert_eq!(h.kind, Kind::Batch);
-        assert_eq!(split_batch(payload).unwrap().last(), Some(&&eager[..]));
+        let msgs: Result<Vec<_>, _> = split_batch(payload).collect();
+        assert_eq!(msgs.unwrap().last(), Some(&&eager[..]));
     }
 
     #[test]
@@ -292,8 +298,9 @@ mod tests {
             &encode_cts(&e),
         );
         let acked = ack.encode(0, &[]);
-        assert_eq!(split_batch(&batch).unwrap(), vec![&acked[..], &m[..]]);
-        assert!(split_batch(&batch[..batch.len() - 1]).is_err());
+        let msgs: Result<Vec<_>, _> = split_batch(&batch).collect();
+        assert_eq!(msgs.unwrap(), vec![&acked[..], &m[..]]);
+        assert!(split_batch(&batch[..batch.len() - 1]).any(|m| m.is_err()));
         let mut nested = Vec::new();
         push_batch(
             &mut nested,
@@ -301,6 +308,7 @@ mod tests {
             0,
             &batch,
         );
-        assert!(split_batch(&nested).unwrap_err().contains("inside"));
+        let found: Result<Vec<_>, _> = split_batch(&nested).collect();
+        assert!(found.unwrap_err().contains("inside"));
     }
 }
