@@ -24,6 +24,10 @@ every launch sets up the same hosts. Per variant:
               per size (ampccl-perf's rank-per-host mode: MASTER_ADDR/RANK/WORLD_SIZE from
               ampccl-hosts). --pin-ampccl runs each rank under `taskset -c RANK%CPUS`, as the
               peers below are pinned; by default ampccl-perf decides (it does not pin there).
+              Pin for latency: the emulated hosts share this machine's CPUs, and an unpinned
+              launch of 1000 calls may start with both ranks on one CPU until the scheduler
+              parts them (8 B ping-pong over ofi, 5 launches: 8.5-16.5 us unpinned, 8.4-9.9
+              pinned).
   ampccl-ofi  the same over the ofi provider on libfabric's tcp;ofi_rxm (AMPCCL_TRANSPORT=ofi,
               AMPCCL_OFI_PROVIDER=tcp;ofi_rxm): the system's libfabric (Debian: 1.17).
   ampccl-ofi2 the same over the ofi provider on Intel MPI's libfabric (2.4) and its tcp provider

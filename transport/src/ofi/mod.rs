@@ -28,7 +28,7 @@
 //! Registration follows the provider's memory-registration mode: regions addressed by virtual
 //! address or by offset, keys the provider or we pick (fresh random-started ones, unique in
 //! the domain), and, where it asks for `FI_MR_LOCAL` (`verbs`, `efa`), registered local
-//! buffers too: receives registered once, messages copied into a pool of registered buffers,
+//! buffers too: receives registered once, messages built in a pool of registered buffers,
 //! the sources of writes and destinations of reads registered per operation.
 //! `FI_MR_ENDPOINT` (memory bound to an endpoint, as `cxi` asks) is not supported: such a
 //! provider is not offered by `fi_getinfo` for our hints.

@@ -1,6 +1,6 @@
 //! What the `ofi` provider keeps under its one lock: the endpoint, the operations posted to it
 //! (each owning its libfabric context and buffer until its completion, with the provider's
-//! backlog when it is busy), the pool of registered message buffers, and per peer
+//! backlog when it is busy), the pool of message buffers ([`SendBuf`]), and per peer
 //! ([`super::peer`]) the state that completions deliver plus what validates the peer's
 //! traffic: the registration each posted clear-to-send opened, which the transfer's immediate
 //! closes again.
