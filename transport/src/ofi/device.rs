@@ -107,9 +107,12 @@ fn block_on_queue(cq: Option<i32>, also: &[i32], ms: i32) {
 /// Drives the endpoint while the engine does not: reads completions (so that peers' writes
 /// land and the engine's waiters wake: it rings the doorbell when something arrived) and
 /// otherwise blocks on the completion queue's descriptor and the engine's [`Handback`]. While
-/// the engine polls the endpoint itself, the thread leaves the queue alone and waits for the
-/// engine's word. Either way it sends the liveness messages. Ends once the device drops
-/// (`stop`, then the word: read after the word is taken, so neither is missed).
+/// the engine polls the endpoint itself, or anyone holds the state's lock (the engine inside a
+/// long call: a large `fi_writedata` is one `sendmsg` of hundreds of microseconds with socket
+/// providers), the thread leaves the queue alone and waits for the engine's word: contending
+/// for the lock would only trade the endpoint between two threads on a small host. Either way
+/// it sends the liveness messages. Ends once the device drops (`stop`, then the word: read
+/// after the word is taken, so neither is missed).
 fn progress_thread(d: Arc<Shared>) {
     let mut last_ping = Instant::now();
     loop {
@@ -119,29 +122,31 @@ fn progress_thread(d: Arc<Shared>) {
         }
         let ping = last_ping.elapsed() >= PING_EVERY;
         let engine = d.polled.recent();
-        let (any, may_block) = if engine && !ping {
-            (false, true)
-        } else {
-            let mut s = d.lock();
-            let any = !engine && s.progress();
-            if ping {
-                last_ping = Instant::now();
-                for peer in (0..s.peers.len()).filter(|&p| p != d.rank) {
-                    if s.peer(peer).dead.is_none()
-                        && let Err(why) = s.send(peer, &Header::new(Kind::Ping, 0, 0, 0, 0), &[])
-                    {
-                        s.peer(peer).kill(format!("is unreachable: {why}"));
+        let state = if engine && !ping { None } else { d.try_lock() };
+        let (any, may_block, busy) = match state {
+            None => (false, true, true),
+            Some(mut s) => {
+                let any = !engine && s.progress();
+                if ping {
+                    last_ping = Instant::now();
+                    for peer in (0..s.peers.len()).filter(|&p| p != d.rank) {
+                        if s.peer(peer).dead.is_none()
+                            && let Err(why) =
+                                s.send(peer, &Header::new(Kind::Ping, 0, 0, 0, 0), &[])
+                        {
+                            s.peer(peer).kill(format!("is unreachable: {why}"));
+                        }
                     }
                 }
+                (any, engine || (!any && s.ep.trywait()), engine)
             }
-            (any, engine || (!any && s.ep.trywait()))
         };
         if any {
             d.bell.ring();
         }
         let (cq, word) = (d.wait_fd, d.handback.fd());
         if may_block {
-            if engine {
+            if busy {
                 block(&[word], ENGINE_RECHECK_MS);
             } else {
                 block_on_queue(cq, &[word], IDLE_WAIT_MS);
@@ -194,6 +199,15 @@ impl OfiDevice {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The state if nobody holds it.
+    fn try_lock(&self) -> Option<MutexGuard<'_, State>> {
+        match self.state.try_lock() {
+            Ok(s) => Some(s),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     /// The state after reading the completions ready (an engine's poll). Every other poll
