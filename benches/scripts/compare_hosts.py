@@ -27,7 +27,10 @@ every launch sets up the same hosts. Per variant:
               Pin for latency: the emulated hosts share this machine's CPUs, and an unpinned
               launch of 1000 calls may start with both ranks on one CPU until the scheduler
               parts them (8 B ping-pong over ofi, 5 launches: 8.5-16.5 us unpinned, 8.4-9.9
-              pinned).
+              pinned); not for bandwidth: a rank pinned to one CPU with its ofi progress thread
+              swung between 39 and 83 ms for a 64 MiB sendrecv (42-49 ms unpinned, 6 launches
+              each). Ping-pong runs as many round trips as fi_rdm_pingpong's launch (below)
+              after a tenth of them, the other ops ampccl-perf's default counts.
   ampccl-ofi  the same over the ofi provider on libfabric's tcp;ofi_rxm (AMPCCL_TRANSPORT=ofi,
               AMPCCL_OFI_PROVIDER=tcp;ofi_rxm): the system's libfabric (Debian: 1.17).
   ampccl-ofi2 the same over the ofi provider on Intel MPI's libfabric (2.4) and its tcp provider
@@ -162,6 +165,12 @@ FABTESTS = {"fabtests": (f"{PEERS_HOME}/fabtests-1.17.1/bin", "tcp;ofi_rxm", {"F
 FAB_OF = {"ampccl-ofi": "fabtests", "ampccl-ofi2": "fabtests2"}
 FAB_TESTS = {"write": ["fi_rma_bw", "-o", "write"], "writedata": ["fi_rma_bw", "-o", "writedata"],
              "pingpong": ["fi_rdm_pingpong"]}
+def fab_iterations(size):
+    """Iterations (`-I`) of one fabtests launch: about 0.2 s at 1 GB/s and 20 us per message,
+    10..20000."""
+    return max(10, min(20000, int(0.2 / (20e-6 + size / 1e9))))
+
+
 # Host 0 runs the server, host 1 the client (retried while the server is not listening yet).
 FAB_SH = """out=$1; shift
 if [ "$RANK" = 0 ]; then exec timeout --foreground 300 "$@" -s 10.213.0.1 >"$out.0" 2>&1; fi
@@ -243,6 +252,10 @@ class Bench:
         res = {}
         for s in sizes:
             n, w = iterations(s)
+            if op == "pingpong":
+                # Timed over as many round trips as fi_rdm_pingpong's, after a tenth of that.
+                n = fab_iterations(s)
+                w = max(w, n // 10)
             out = os.path.join(self.tmp, "ampccl.csv")
             prog = [perf_exe(), "-o", op, "-b", str(s), "-e", str(s), "-n", str(n), "-w", str(w),
                     "--csv", out]
@@ -329,8 +342,7 @@ class Bench:
         res = {}
         for test, (prog, *args) in FAB_TESTS.items():
             for s in sizes:
-                # About 0.2 s per size at 1 GB/s and 20 us per message, 10..20000 messages.
-                n = max(10, min(20000, int(0.2 / (20e-6 + s / 1e9))))
+                n = fab_iterations(s)
                 if prog == "fi_rma_bw":
                     w = max(1, min(64, (128 << 20) // max(s, 1)))
                     args_s = args + ["-W", str(w)]
