@@ -37,7 +37,10 @@
 //! completion queue, which drives the provider: libfabric 1.17's `tcp;ofi_rxm` and `shm` make
 //! progress only inside such calls, also for writes that target us. Between polls a progress
 //! thread blocks on the queue's wait descriptor (`fi_trywait`, then `poll`), reads what comes
-//! and rings the engine's doorbell, so neither side burns a core while waiting. The same
+//! and rings the engine's doorbell, so neither side burns a core while waiting; it leaves the
+//! queue alone while the engine polls it or anyone holds the lock (a large write's `sendmsg`
+//! holds it for hundreds of microseconds: taking turns at the endpoint with the engine only
+//! cost both of them). The same
 //! thread sends each peer a liveness message every 300 ms: a send to a dead peer fails, and
 //! the peer's waiters get an error naming it.
 
