@@ -136,6 +136,14 @@ pub trait RmaDevice: Send + Sync {
     fn post_credit(&self, peer: usize, slot: usize, seq: u32) -> Result<()>;
     /// The credit word `slot` that `peer` (receiving from us) wrote last; 0 if never written.
     fn credit(&self, peer: usize, slot: usize) -> u32;
+    /// The credit words `first..first + out.len()` of `peer`, read together: each by
+    /// [`RmaDevice::credit`] unless the provider reads them at once (where a read drives the
+    /// provider's progress, as `ofi`'s does, once instead of once per word).
+    fn credit_group(&self, peer: usize, first: usize, out: &mut [u32]) {
+        for (i, w) in out.iter_mut().enumerate() {
+            *w = self.credit(peer, first + i);
+        }
+    }
     /// Adds one to `peer`'s ack counter for us (HCCL `TxAck`).
     fn post_ack(&self, peer: usize) -> Result<()>;
     /// Acks `peer` has sent us so far.

@@ -98,10 +98,13 @@ impl Credits {
             return true;
         }
         let first = slot - slot % CREDIT_GROUP;
-        for s in first..(first + CREDIT_GROUP).min(depth) {
+        let mut words = [0u32; CREDIT_GROUP];
+        let words = &mut words[..CREDIT_GROUP.min(depth - first)];
+        dev.credit_group(peer, first, words);
+        for (s, &w) in (first..).zip(words.iter()) {
             // Release/acquire through the copy: a thread that finds the credit here still
             // happens after the receiver's release of the slot.
-            self.seen[s].store(dev.credit(peer, s), Ordering::Release);
+            self.seen[s].store(w, Ordering::Release);
         }
         ok(self.seen[slot].load(Ordering::Acquire))
     }

@@ -212,6 +212,10 @@ impl RmaDevice for MixedDevice {
         routed!(self, peer, |d, p| d.credit(p, slot))
     }
 
+    fn credit_group(&self, peer: usize, first: usize, out: &mut [u32]) {
+        routed!(self, peer, |d, p| d.credit_group(p, first, out))
+    }
+
     fn post_ack(&self, peer: usize) -> Result<()> {
         routed!(self, peer, |d, p| d.post_ack(p))
     }

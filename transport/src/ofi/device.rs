@@ -478,6 +478,11 @@ impl RmaDevice for OfiDevice {
         self.polled().peer(peer).credits[slot]
     }
 
+    fn credit_group(&self, peer: usize, first: usize, out: &mut [u32]) {
+        let mut s = self.polled();
+        out.copy_from_slice(&s.peer(peer).credits[first..first + out.len()]);
+    }
+
     fn post_ack(&self, peer: usize) -> Result<()> {
         // As for credits: a peer that is gone waits for no ack.
         let _ = self.send(peer, &Header::new(Kind::Ack, 0, 0, 0, 0), &[]);
