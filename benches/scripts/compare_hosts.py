@@ -165,6 +165,8 @@ FABTESTS = {"fabtests": (f"{PEERS_HOME}/fabtests-1.17.1/bin", "tcp;ofi_rxm", {"F
 FAB_OF = {"ampccl-ofi": "fabtests", "ampccl-ofi2": "fabtests2"}
 FAB_TESTS = {"write": ["fi_rma_bw", "-o", "write"], "writedata": ["fi_rma_bw", "-o", "writedata"],
              "pingpong": ["fi_rdm_pingpong"]}
+
+
 def fab_iterations(size):
     """Iterations (`-I`) of one fabtests launch: about 0.2 s at 1 GB/s and 20 us per message,
     10..20000."""

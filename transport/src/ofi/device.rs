@@ -475,7 +475,9 @@ impl RmaDevice for OfiDevice {
     }
 
     fn credit(&self, peer: usize, slot: usize) -> u32 {
-        self.polled().peer(peer).credits[slot]
+        let mut word = [0];
+        self.credit_group(peer, slot, &mut word);
+        word[0]
     }
 
     fn credit_group(&self, peer: usize, first: usize, out: &mut [u32]) {
