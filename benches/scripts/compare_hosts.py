@@ -72,6 +72,12 @@ every launch sets up the same hosts. Per variant:
                            size go by fi_inject_write: the rate of posting, not of delivery)
                 writedata  fi_rma_bw -o writedata -W W: host 1 writes to host 0 (one direction)
                 pingpong   fi_rdm_pingpong: us = half the round trip (fabtests' usec/xfer)
+                pingpong-mixed  the same on a connection that first carried messages of half
+                           the size (`-S l:S/2,S`), as any application's carries several sizes
+                           (ampccl's its control messages too): after messages of more than one
+                           segment and a smaller size (4 KiB after 2 KiB, not after 1 KiB), the
+                           kernel acknowledges a message not on its arrival but from the
+                           reader's `recv`, on the critical path
               Of the two sides' figures, the slower is taken (ampccl-perf: the slowest rank).
               `fabtests` is fabtests 1.17.1 on the system's libfabric (1.17) with -p
               'tcp;ofi_rxm', the same as ampccl-ofi; `fabtests2` is fabtests 2.4.0 on Intel MPI's
@@ -113,9 +119,9 @@ Output: per op a markdown table of the medians, time per call (us) and algbw (GB
 and variant, with `best peer / ampccl` (the fastest peer's time over ampccl's: > 1 is ampccl
 faster), `ampccl / iperf3 1-stream` (algbw over the single-stream ceiling) and `ampccl-ofi /
 fabtests write`, `ampccl-ofi2 / fabtests2 write` (algbw over fi_rma_bw -o write's GB/s of the
-same size and libfabric; for pingpong `... / fabtests2 pingpong`, time over fi_rdm_pingpong's,
-< 1.3x is the latency target); then the iperf3 ceilings and the fabtests figures per size. Files in
---out-dir:
+same size and libfabric; for pingpong `... / fabtests2 pingpong` and `... / fabtests2
+pingpong-mixed`, time over fi_rdm_pingpong's, < 1.3x is the latency target); then the iperf3
+ceilings and the fabtests figures per size. Files in --out-dir:
   compare_hosts.csv   the medians: op,hosts,variant,size,bytes,rounds,time_us,algbw_gbs,
                       busbw_gbs,wrong (wrong: results checked by ampccl-perf and peer_bench.py;
                       IMB does not check, empty)
@@ -164,7 +170,16 @@ FABTESTS = {"fabtests": (f"{PEERS_HOME}/fabtests-1.17.1/bin", "tcp;ofi_rxm", {"F
                           {"FI_TCP_IFACE": "eth0", "LD_LIBRARY_PATH": IMPI_LIB, "FI_PROVIDER_PATH": IMPI_LIB})}
 FAB_OF = {"ampccl-ofi": "fabtests", "ampccl-ofi2": "fabtests2"}
 FAB_TESTS = {"write": ["fi_rma_bw", "-o", "write"], "writedata": ["fi_rma_bw", "-o", "writedata"],
-             "pingpong": ["fi_rdm_pingpong"]}
+             "pingpong": ["fi_rdm_pingpong"], "pingpong-mixed": ["fi_rdm_pingpong"]}
+
+
+def fab_size(test, size):
+    """fabtests' `-S` for `test` at `size`: the size, or for pingpong-mixed a list that runs
+    messages of half the size on the connection first (growing: fi_rdm_pingpong fails on a
+    list that shrinks)."""
+    if test == "pingpong-mixed" and size > 1:
+        return f"l:{size // 2},{size}"
+    return str(size)
 
 
 def fab_iterations(size):
@@ -351,8 +366,8 @@ class Bench:
                     n = max(n, 2 * w)
                 else:
                     args_s = args
-                cmd = [os.path.join(bindir, prog), "-p", prov, "-e", "rdm", "-m", "-S", str(s),
-                       "-I", str(n)] + args_s
+                cmd = [os.path.join(bindir, prog), "-p", prov, "-e", "rdm", "-m", "-S",
+                       fab_size(test, s), "-I", str(n)] + args_s
                 for side in (0, 1):
                     if os.path.exists(f"{out}.{side}"):
                         os.remove(f"{out}.{side}")
@@ -592,8 +607,8 @@ def main():
             head.append("ampccl / iperf3 1 stream")
         bounds = [(v, f) for v, f in FAB_OF.items() if v in variants and f in fabs]
         # Against fi_rma_bw -o write's rate, or fi_rdm_pingpong's time (x its time).
-        fab_test = "pingpong" if op == "pingpong" else "write"
-        head += [f"{v} / {f} {fab_test}" for v, f in bounds]
+        fab_tests = ("pingpong", "pingpong-mixed") if op == "pingpong" else ("write",)
+        head += [f"{v} / {f} {t}" for v, f in bounds for t in fab_tests]
         print(f"### {op}, {k} hosts\n")
         print("| " + " | ".join(head) + " |")
         print("|" + "---:|" * len(head))
@@ -612,9 +627,9 @@ def main():
             if "ampccl" in variants and c_med["single"]:
                 t = m["ampccl"][s]
                 cells.append(f"{nb / t / 1e3 / c_med['single']:.2f}" if t else "—")
-            for v, f in bounds:
-                t, (us, g) = m[v][s], f_med[(f, fab_test, s)]
-                if fab_test == "pingpong":
+            for (v, f), ft in ((b, ft) for b in bounds for ft in fab_tests):
+                t, (us, g) = m[v][s], f_med[(f, ft, s)]
+                if op == "pingpong":
                     cells.append(f"{t / us:.2f}x" if t and us else "—")
                 else:
                     cells.append(f"{nb / t / 1e3 / g:.2f}" if t and g else "—")
@@ -639,7 +654,8 @@ def main():
         print("\n### libfabric ceiling (fabtests, host 1 <-> host 0): fi_rma_bw write (both "
               "directions at once) and writedata (1 -> 0), GB/s per direction; fi_rdm_pingpong, "
               "us (half round trip)\n")
-        head = ["size"] + [f"{v} {t} {'us' if t == 'pingpong' else 'GB/s'}" for v in fabs for t in FAB_TESTS]
+        head = ["size"] + [f"{v} {t} {'us' if t.startswith('pingpong') else 'GB/s'}"
+                           for v in fabs for t in FAB_TESTS]
         print("| " + " | ".join(head) + " |")
         print("|" + "---:|" * len(head))
         for s in sizes:
@@ -649,7 +665,7 @@ def main():
                     us, g = f_med[(v, t, s)]
                     n = len(fab[(v, t, s)])
                     short = f" ({n}/{a.rounds})" if n and n < a.rounds else ""
-                    cells.append((fmt(us, ".2f") if t == "pingpong" else fmt(g, ".3f")) + short)
+                    cells.append((fmt(us, ".2f") if t.startswith("pingpong") else fmt(g, ".3f")) + short)
             print("| " + " | ".join(cells) + " |")
     bad = {f"{op} {v}": w for (op, v), w in wrong.items() if any(w.values())}
     if bad:

@@ -37,3 +37,4 @@ pub mod stripe;
 mod uring;
 
 pub use device::{TcpDevice, connect, connect_to};
+pub use reader::POLLED_LOWAT;

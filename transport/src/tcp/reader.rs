@@ -14,6 +14,16 @@
 //! whole once its header is in, under the pending read's lock (the read cannot give its
 //! buffer up halfway); its payload follows its header in one `sendmsg`.
 //!
+//! While a socket is parked (the engine polls it), its `SO_RCVLOWAT` is raised to
+//! [`POLLED_LOWAT`]. Nothing waits for its readiness then, and the kernel's choice of when to
+//! acknowledge depends on it: a message of more than one segment is acknowledged on arrival only
+//! while less than the low-water mark is unread, or while the window it would advertise has not
+//! shrunk since the last one. Once a connection has carried messages of several sizes, the
+//! window test fails for the larger ones, and the acknowledgement leaves from the reader's
+//! `recv` instead, on the critical path (over a veth pair that `recv` also runs the peer's
+//! receipt of it). The mark goes back to 1 before the socket is watched again, and around the
+//! one blocking read ([`Inbox`]'s read responses), whose wake-up needs it.
+//!
 //! The thread ends when the connection closes or the peer breaks the protocol; either way the
 //! peer is recorded dead with the reason, so every wait on it fails at its next health check.
 
@@ -25,6 +35,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ampccl_runtime::doorbell::Doorbell;
+use ampccl_runtime::param::{Param, Unit};
 use ampccl_runtime::{Error, Result};
 
 use super::frame::{self, CTS_BYTES, HEADER, Header, Kind, MAX_TEXT, bad};
@@ -34,6 +45,17 @@ use crate::handback::Handback;
 /// Bytes of the receive buffer: many small frames per `recv`; at least a header and the
 /// largest payload that is taken whole (an eager message, a failure text).
 const RX_BUF: usize = 64 << 10;
+
+/// `AMPCCL_TCP_POLLED_LOWAT`: the receive low-water mark of a socket the engine polls.
+pub static POLLED_LOWAT: Param = Param::new(
+    "TCP_POLLED_LOWAT",
+    16 << 10,
+    (0, 1 << 20),
+    Unit::Bytes,
+    "receive low-water mark (SO_RCVLOWAT) of a TCP socket while the engine polls it: the kernel \
+     acknowledges messages up to this size on arrival instead of in the reader's recv; 0: left \
+     alone",
+);
 
 /// The receiving half of one connection.
 pub(super) struct Inbox {
@@ -55,6 +77,8 @@ pub(super) struct Inbox {
     /// next step that needs more bytes ends this pass instead of asking again (one system call
     /// saved per arrival; the next poll, or the level-triggered `epoll`, asks again).
     drained: bool,
+    /// The socket's `SO_RCVLOWAT` while it is parked (1 while it is watched).
+    lowat: usize,
 }
 
 // SAFETY: `partial` points into memory a posted clear-to-send named, which the receive that
@@ -117,6 +141,10 @@ pub(super) fn run(conns: Vec<Watched>, bell: Doorbell, handback: Arc<Handback>, 
         for (i, (fd, _, peer)) in conns.iter().enumerate() {
             if parked[i] && !peer.polled.recent() {
                 parked[i] = false;
+                // Readiness needs the low-water mark back at 1 before the socket is watched.
+                if let Err(e) = lock(&conns[i].1).set_lowat(1) {
+                    return fail_all(e);
+                }
                 if let Err(e) = epoll.watch(*fd, i, true) {
                     return fail_all(Error::system("tcp: epoll_ctl", &e));
                 }
@@ -148,6 +176,9 @@ pub(super) fn run(conns: Vec<Watched>, bell: Doorbell, handback: Arc<Handback>, 
                 parked[i] = true;
                 if let Err(e) = epoll.watch(*fd, i, false) {
                     return fail_all(Error::system("tcp: epoll_ctl", &e));
+                }
+                if let Err(e) = lock(inbox).set_lowat(POLLED_LOWAT.get().max(1) as usize) {
+                    return fail_all(e);
                 }
                 continue;
             }
@@ -285,7 +316,34 @@ impl Inbox {
             end: 0,
             partial: None,
             drained: false,
+            lowat: 1,
         }
+    }
+
+    /// Sets the socket's receive low-water mark (`SO_RCVLOWAT`) to `bytes`.
+    fn set_lowat(&mut self, bytes: usize) -> Result<()> {
+        if bytes == self.lowat {
+            return Ok(());
+        }
+        let v = bytes.min(i32::MAX as usize) as libc::c_int;
+        // SAFETY: plain system call on the inbox's open socket with a valid `c_int` option.
+        let r = unsafe {
+            libc::setsockopt(
+                self.stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                (&v as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(Error::system(
+                "tcp: SO_RCVLOWAT",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        self.lowat = bytes;
+        Ok(())
     }
 
     /// The receiving thread's share: applies frames until nothing more has arrived, ringing
@@ -531,9 +589,13 @@ impl Inbox {
         let n = dst.len().min(self.buffered());
         dst[..n].copy_from_slice(&self.buf[self.start..self.start + n]);
         self.start += n;
+        // A blocking read is woken only once the low-water mark's worth has arrived.
+        let parked = self.lowat;
+        self.set_lowat(1)?;
         self.stream
             .read_exact(&mut dst[n..])
             .map_err(|e| Error::Remote(format!("connection lost in a read response: {e}")))?;
+        self.set_lowat(parked)?;
         p.done = true;
         peer.read_done.notify_all();
         Ok(())
@@ -667,6 +729,11 @@ mod tests {
         let credit = || peer.credits[1].load(Ordering::Acquire);
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(credit(), 0, "applied while the engine polls");
+        assert_eq!(
+            lowat(fd),
+            POLLED_LOWAT.get() as i32,
+            "parked at the polled mark"
+        );
         let seen = bell.seq();
         assert!(peer.polled.stop());
         handback.give();
@@ -676,8 +743,69 @@ mod tests {
         }
         assert_eq!(credit(), 42, "not handed back");
         assert_ne!(bell.seq(), seen, "the doorbell did not ring");
+        assert_eq!(lowat(fd), 1, "watched with the mark raised");
         drop(tx);
         thread.join().unwrap();
+    }
+
+    /// The socket's `SO_RCVLOWAT`.
+    fn lowat(fd: RawFd) -> i32 {
+        let mut v: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `v` and `len` are valid for the call; `fd` is an open socket.
+        let r = unsafe {
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                (&mut v as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(r, 0);
+        v
+    }
+
+    /// A read response whose payload trickles in, short of the raised low-water mark, still
+    /// completes: the blocking read takes the mark down while it waits, and puts it back.
+    #[test]
+    fn a_read_response_completes_under_a_raised_low_water_mark() {
+        let (mut tx, mut inbox, peer) = pair();
+        inbox.set_lowat(64 << 10).unwrap();
+        // A read the mark keeps asleep sleeps until this timeout instead of forever (it then
+        // finds the bytes that were there all along).
+        let limit = Duration::from_secs(5);
+        inbox.stream.set_read_timeout(Some(limit)).unwrap();
+        let t0 = std::time::Instant::now();
+        let mut dst = vec![0u8; 3000];
+        *lock(&peer.read) = Some(super::super::peer::PendingRead {
+            id: 9,
+            dst: dst.as_mut_ptr(),
+            len: dst.len() as u64,
+            done: false,
+        });
+        let mut h = Header::new(Kind::ReadResp);
+        (h.a, h.len) = (9, dst.len() as u64);
+        tx.write_all(&h.encode()).unwrap();
+        tx.write_all(&[7u8; 1000]).unwrap();
+        let rest = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(50));
+            tx.write_all(&[7u8; 2000]).unwrap();
+            tx
+        });
+        let fd = inbox.stream.as_raw_fd();
+        let done = std::thread::spawn(move || {
+            pump(&mut inbox, |_| lock(&peer.read).is_some_and(|p| p.done));
+            let finished = lock(&peer.read).is_some_and(|p| p.done);
+            (inbox, finished)
+        });
+        let _tx = rest.join().unwrap();
+        let (inbox, finished) = done.join().unwrap();
+        assert!(inbox.broken.is_none(), "{:?}", inbox.broken);
+        assert!(finished, "the read response did not complete");
+        assert!(t0.elapsed() < limit, "the read slept until its timeout");
+        assert!(dst.iter().all(|&b| b == 7));
+        assert_eq!(lowat(fd), 64 << 10, "the mark was not put back");
     }
 
     /// The end of the stream in the middle of a frame is a lost connection naming it.
