@@ -77,7 +77,7 @@ pub(super) struct Inbox {
     /// next step that needs more bytes ends this pass instead of asking again (one system call
     /// saved per arrival; the next poll, or the level-triggered `epoll`, asks again).
     drained: bool,
-    /// The socket's `SO_RCVLOWAT` while it is parked (1 while it is watched).
+    /// The socket's `SO_RCVLOWAT` as last set: raised while parked, 1 while watched.
     lowat: usize,
 }
 
