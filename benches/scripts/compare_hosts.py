@@ -103,11 +103,17 @@ compare_peers.py.
 
 Each round runs every (op, variant) once in the order of --op and --peers, iperf3 once per
 round where it stands in --peers; before each round the script waits (--wait-quiet) for
-builds of other people on the machine to end and, unless --no-probe, for the host to leave a
-slow spell (compare_peers.py's HostProbe; a round during which a spell began is run again, at
-most --rounds times). A launch that fails or runs past --timeout is reported on stderr with its
-last lines and left out of that round (the median is over the rounds that gave a figure; the
-table says how many when fewer).
+builds of other people on the machine to end. Unless --no-probe, every launch (one size of one
+variant) runs outside the host's slow spells (compare_peers.py's HostProbe): the script waits
+for the host to leave one before the launch (--wait-spell), probes again after it, and runs it
+again where a spell began meanwhile (at most --spell-tries runs; a launch still in a spell then
+is left out of that round). Spells last tens of seconds and are frequent: of 10 back-to-back
+64 MiB sendrecv launches over ofi, the three next to a probe of 200-240 us (against 13-25 us)
+took 67-85 ms, the others 35-46 ms (the kernel's copies into socket buffers, read on the other
+CPU, cost 2.5x), so a probe per round of several minutes let many launches inside spells into
+the medians. A launch that fails or runs past --timeout is reported on stderr with its last
+lines and left out of that round (the median is over the rounds that gave a figure; the table
+says how many when fewer).
 
 Ops: allreduce, allgather, reducescatter, broadcast, sendrecv (2 hosts: each rank sends S
 bytes to its pair and receives S; ampccl-perf -o sendrecv, IMB Sendrecv) and pingpong (2 hosts:
@@ -457,7 +463,10 @@ def main():
                     help="before each round, wait up to this many seconds for builds to end")
     ap.add_argument("--no-probe", action="store_true", help="do not probe the host for slow spells")
     ap.add_argument("--wait-spell", type=int, default=600,
-                    help="before each round, wait up to this many seconds for a slow spell to end")
+                    help="before each (op, variant), wait up to this many seconds for a slow spell to end")
+    ap.add_argument("--spell-tries", type=int, default=3,
+                    help="runs of a launch that slow spells keep beginning during, at most (then it is "
+                         "left out of the round)")
     a = ap.parse_args()
 
     ops = a.op.split(",")
@@ -500,18 +509,42 @@ def main():
     raw = open(os.path.join(a.out_dir, "rounds.csv"), "w")
     raw.write("round,op,variant,size,bytes,time_us,gbs,wrong\n")
     probe = None if a.no_probe else HostProbe()
-    noisy = spells = redone = failures = 0
+    tally = {"spells": 0, "redone": 0, "dropped": 0, "failures": 0}
+
+    def guarded(label, job):
+        """job()'s result, run outside the host's slow spells (see the module docs): waits for
+        a spell to end first and runs it again when one began meanwhile; None when it failed
+        or every run met a spell."""
+        for attempt in range(1, a.spell_tries + 1):
+            if probe and (t := probe.us()) > SPELL_US:
+                print(f"{label}: host probe {t:.1f} us (a slow spell), waiting up to {a.wait_spell} s",
+                      file=sys.stderr)
+                probe.wait_normal(a.wait_spell)
+            t0 = time.time()
+            try:
+                res = job()
+            except Failed as e:
+                tally["failures"] += 1
+                print(f"{label} FAILED: {e}", file=sys.stderr)
+                return None
+            print(f"{label} ({time.time() - t0:.1f} s)", file=sys.stderr)
+            if not probe or (t := probe.us()) <= SPELL_US:
+                return res
+            tally["spells"] += 1
+            again = attempt < a.spell_tries
+            tally["redone" if again else "dropped"] += 1
+            print(f"{label}: host probe {t:.1f} us after it: a slow spell began, "
+                  + ("run again" if again else "left out of this round"), file=sys.stderr)
+        return None
+
+    noisy = 0
     i = 0
     while i < a.rounds:
         if a.wait_quiet and builders():
             print(f"round {i + 1}/{a.rounds}: builds running, waiting up to {a.wait_quiet} s", file=sys.stderr)
         busy = wait_quiet(a.wait_quiet)
-        if probe and (t := probe.us()) > SPELL_US:
-            print(f"round {i + 1}/{a.rounds}: host probe {t:.1f} us (a slow spell), waiting up to "
-                  f"{a.wait_spell} s", file=sys.stderr)
-        before = probe.wait_normal(a.wait_spell) if probe else None
-        print(f"round {i + 1}/{a.rounds}: load {os.getloadavg()[0]:.2f}, builds running: {busy or 'none'}"
-              + (f", host probe {before:.1f} us" if probe else ""), file=sys.stderr)
+        print(f"round {i + 1}/{a.rounds}: load {os.getloadavg()[0]:.2f}, builds running: {busy or 'none'}",
+              file=sys.stderr)
         got, got_ceil, got_fab = {}, {}, {}
         for op in ops:
             for v in order:
@@ -523,27 +556,17 @@ def main():
                     continue
                 else:
                     what = f"{TITLES[v]} {op}"
-                t0 = time.time()
-                try:
-                    if v == "iperf3":
-                        got_ceil = b.iperf3()
-                    elif v in FABTESTS:
-                        got_fab[v] = b.fabtests(v, sizes)
+                if v == "iperf3":
+                    got_ceil.update(guarded(f"round {i + 1}/{a.rounds}: {what}", b.iperf3) or {})
+                    continue
+                for s in sizes:
+                    if v not in FABTESTS and effective(op, s, a.hosts) == 0:
+                        continue
+                    label = f"round {i + 1}/{a.rounds}: {what} {s} B"
+                    if v in FABTESTS:
+                        got_fab.setdefault(v, {}).update(guarded(label, lambda: b.fabtests(v, [s])) or {})
                     else:
-                        sz = [s for s in sizes if effective(op, s, a.hosts) > 0]
-                        got[(op, v)] = runners[v](op, sz)
-                    print(f"round {i + 1}/{a.rounds}: {what} ({time.time() - t0:.1f} s)", file=sys.stderr)
-                except Failed as e:
-                    failures += 1
-                    print(f"round {i + 1}/{a.rounds}: {what} FAILED: {e}", file=sys.stderr)
-        after = probe.us() if probe else None
-        if probe and max(before, after) > SPELL_US:
-            spells += 1
-            if redone < a.rounds:
-                redone += 1
-                print(f"round {i + 1}/{a.rounds}: host probe {before:.1f} / {after:.1f} us: "
-                      "a slow spell, round run again", file=sys.stderr)
-                continue
+                        got.setdefault((op, v), {}).update(guarded(label, lambda: runners[v](op, [s])) or {})
         for (op, v), res in got.items():
             for s, (t, w) in res.items():
                 times[(op, v)][s].append(t)
@@ -574,8 +597,9 @@ def main():
     print(f"{k} hosts x 1 rank, f32, medians of {a.rounds} alternated rounds"
           + (f", links shaped to {a.rate}" if a.rate else "")
           + f"; time per call (us), algbw (GB/s = 1e9 B/s); builds ran during {noisy} round(s)"
-          + (f"; host in a slow spell around {spells} round(s), {redone} run again" if probe else "; host not probed")
-          + (f"; {failures} launch(es) failed (see stderr)" if failures else "") + "\n")
+          + (f"; a slow spell of the host began during {tally['spells']} launch(es): {tally['redone']} run "
+             f"again, {tally['dropped']} left out" if probe else "; host not probed")
+          + (f"; {tally['failures']} launch(es) failed (see stderr)" if tally["failures"] else "") + "\n")
     for op in ops:
         variants = [v for v in order if v not in CEILING_PEERS and op not in LACKS.get(v, ())]
         m = {v: {s: med(times[(op, v)][s]) for s in sizes} for v in variants}
