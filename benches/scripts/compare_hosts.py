@@ -109,7 +109,7 @@ for the host to leave one before the launch (--wait-spell), probes again after i
 again where a spell began meanwhile (at most --spell-tries runs; a launch still in a spell then
 is left out of that round). Spells last tens of seconds and are frequent: of 10 back-to-back
 64 MiB sendrecv launches over ofi, the three next to a probe of 200-240 us (against 13-25 us)
-took 67-85 ms, the others 35-46 ms (the kernel's copies into socket buffers, read on the other
+took 67-85 ms, the others 35-56 ms (the kernel's copies into socket buffers, read on the other
 CPU, cost 2.5x), so a probe per round of several minutes let many launches inside spells into
 the medians. A launch that fails or runs past --timeout is reported on stderr with its last
 lines and left out of that round (the median is over the rounds that gave a figure; the table
