@@ -234,6 +234,25 @@ impl Hosts {
         Ok(())
     }
 
+    /// Sets the TCP congestion control of host `i`'s connections (`net.ipv4.tcp_congestion_control`
+    /// in its namespace, e.g. `cubic`): a new namespace takes the machine's, which need not be
+    /// what the hosts being emulated run.
+    pub fn set_congestion_control(&self, i: usize, name: &str) -> Result<(), String> {
+        if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            return Err(format!(
+                "congestion control {name:?}: expected a name such as cubic"
+            ));
+        }
+        run_quiet(Command::new("ip").args([
+            "netns",
+            "exec",
+            &self.inner.hosts[i].netns,
+            "sysctl",
+            "-qw",
+            &format!("net.ipv4.tcp_congestion_control={name}"),
+        ]))
+    }
+
     /// Removes the rate limit of [`Hosts::set_rate`] (nothing if none).
     pub fn clear_rate(&self, i: usize) -> Result<(), String> {
         for (ns, dev) in self.link_ends(i) {

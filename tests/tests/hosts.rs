@@ -301,6 +301,32 @@ fn rate_limit() {
     assert!(hosts.set_rate(0, "fast").is_err());
 }
 
+/// `set_congestion_control` sets one host's TCP congestion control, not the machine's or
+/// another host's; a name that is not one is refused before it reaches a shell.
+#[test]
+fn congestion_control_per_host() {
+    let Some(hosts) = Hosts::new_or_skip(2) else {
+        return;
+    };
+    let read = |i| sh(&hosts, i, "sysctl -n net.ipv4.tcp_congestion_control");
+    let (ok, before) = read(1);
+    assert!(ok, "cannot read host 1's congestion control");
+    let other = if before == "cubic" { "reno" } else { "cubic" };
+    hosts.set_congestion_control(0, other).unwrap();
+    assert_eq!(read(0), (true, other.to_owned()));
+    assert_eq!(read(1), (true, before), "host 1 changed with host 0");
+    for bad in ["", "cubic;true", "no such"] {
+        assert!(
+            hosts.set_congestion_control(0, bad).is_err(),
+            "{bad:?} accepted"
+        );
+    }
+    assert!(
+        hosts.set_congestion_control(0, "nosuchcc").is_err(),
+        "a congestion control the kernel lacks was accepted"
+    );
+}
+
 /// `link_down` cuts a host off (connects to and from it fail), `link_up` restores it.
 #[test]
 fn link_down_and_up() {

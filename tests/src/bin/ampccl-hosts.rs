@@ -3,15 +3,16 @@
 //! or measures the TCP ceiling between two of them. Needs root.
 //!
 //! ```text
-//! ampccl-hosts [-k HOSTS] [-r RANKS_PER_HOST] [--rate RATE] -- PROGRAM ARGS...
-//! ampccl-hosts --ceiling [--rate RATE] [--streams N] [--mib M]
-//! ampccl-hosts --iperf3 "IPERF3 CLIENT ARGS" [--rate RATE]
+//! ampccl-hosts [-k HOSTS] [-r RANKS_PER_HOST] [--rate RATE] [--tcp-cc NAME] -- PROGRAM ARGS...
+//! ampccl-hosts --ceiling [--rate RATE] [--tcp-cc NAME] [--streams N] [--mib M]
+//! ampccl-hosts --iperf3 "IPERF3 CLIENT ARGS" [--rate RATE] [--tcp-cc NAME]
 //! ```
 //!
 //! Ranks get torchrun's variables (`MASTER_ADDR` = host 0's address, `MASTER_PORT`, `RANK`,
 //! `WORLD_SIZE`, `LOCAL_RANK`) and a job token; rank 0's output goes to standard output, every
 //! other rank's standard error is prefixed with its rank. `--rate` shapes every host's link with
-//! `tc tbf` (e.g. `5gbit`). `--ceiling` sends `--mib` MiB over `--streams` TCP connections from
+//! `tc tbf` (e.g. `5gbit`); `--tcp-cc` sets every host's TCP congestion control (e.g. `cubic`;
+//! by default the hosts take this machine's). `--ceiling` sends `--mib` MiB over `--streams` TCP connections from
 //! host 1 to host 0 and prints the rate: what one link between two such hosts carries.
 //! `--iperf3` runs an `iperf3` server in host 0 and `iperf3 -c <host 0> ARGS` in host 1 (e.g.
 //! `"-t 5"`, `"-t 5 -P 4"`, `"-t 5 --bidir"`) and prints iperf3's summary lines.
@@ -45,6 +46,7 @@ struct Opts {
     hosts: usize,
     per_host: usize,
     rate: Option<String>,
+    tcp_cc: Option<String>,
     ceiling: bool,
     streams: usize,
     mib: usize,
@@ -56,6 +58,7 @@ fn parse(args: &[String]) -> Result<(Opts, Vec<String>), String> {
         hosts: 2,
         per_host: 1,
         rate: None,
+        tcp_cc: None,
         ceiling: false,
         streams: 1,
         mib: 1024,
@@ -79,6 +82,7 @@ fn parse(args: &[String]) -> Result<(Opts, Vec<String>), String> {
             "-k" => o.hosts = number(value("-k")?, "-k")?,
             "-r" => o.per_host = number(value("-r")?, "-r")?,
             "--rate" => o.rate = Some(value("--rate")?),
+            "--tcp-cc" => o.tcp_cc = Some(value("--tcp-cc")?),
             "--ceiling" => o.ceiling = true,
             "--streams" => o.streams = number(value("--streams")?, "--streams")?,
             "--mib" => o.mib = number(value("--mib")?, "--mib")?,
@@ -100,9 +104,12 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
     let (o, program) = parse(args)?;
     let two = o.ceiling || o.iperf3.is_some();
     let hosts = Hosts::new(if two { 2 } else { o.hosts })?;
-    if let Some(rate) = &o.rate {
-        for i in 0..hosts.len() {
+    for i in 0..hosts.len() {
+        if let Some(rate) = &o.rate {
             hosts.set_rate(i, rate)?;
+        }
+        if let Some(cc) = &o.tcp_cc {
+            hosts.set_congestion_control(i, cc)?;
         }
     }
     if o.ceiling {
