@@ -467,7 +467,7 @@ def main():
                     help="before each round, wait up to this many seconds for builds to end")
     ap.add_argument("--no-probe", action="store_true", help="do not probe the host for slow spells")
     ap.add_argument("--wait-spell", type=int, default=600,
-                    help="before each (op, variant), wait up to this many seconds for a slow spell to end")
+                    help="before each launch, wait up to this many seconds for a slow spell to end")
     ap.add_argument("--spell-tries", type=int, default=3,
                     help="runs of a launch that slow spells keep beginning during, at most (then it is "
                          "left out of the round)")

@@ -246,7 +246,7 @@ impl Hosts {
         run_quiet(Command::new("ip").args([
             "netns",
             "exec",
-            &self.inner.hosts[i].netns,
+            self.netns(i),
             "sysctl",
             "-qw",
             &format!("net.ipv4.tcp_congestion_control={name}"),

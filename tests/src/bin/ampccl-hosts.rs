@@ -12,8 +12,9 @@
 //! `WORLD_SIZE`, `LOCAL_RANK`) and a job token; rank 0's output goes to standard output, every
 //! other rank's standard error is prefixed with its rank. `--rate` shapes every host's link with
 //! `tc tbf` (e.g. `5gbit`); `--tcp-cc` sets every host's TCP congestion control (e.g. `cubic`;
-//! by default the hosts take this machine's). `--ceiling` sends `--mib` MiB over `--streams` TCP connections from
-//! host 1 to host 0 and prints the rate: what one link between two such hosts carries.
+//! by default the hosts take this machine's). `--ceiling` sends `--mib` MiB over `--streams` TCP
+//! connections from host 1 to host 0 and prints the rate: what one link between two such hosts
+//! carries.
 //! `--iperf3` runs an `iperf3` server in host 0 and `iperf3 -c <host 0> ARGS` in host 1 (e.g.
 //! `"-t 5"`, `"-t 5 -P 4"`, `"-t 5 --bidir"`) and prints iperf3's summary lines.
 
