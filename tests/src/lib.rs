@@ -57,6 +57,14 @@ pub type Outcome = Result<(), String>;
 // Worker side
 // ---------------------------------------------------------------------------------------------
 
+/// Writes a worker's verdict to standard error in one `write`: `eprintln!` writes each formatted
+/// piece on its own, and a launcher that merges the ranks' streams (Intel MPI's) then
+/// interleaves two ranks' verdicts mid-line.
+fn say(line: String) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(line.as_bytes());
+}
+
 /// Body of the worker test: returns at once unless this process is a worker; otherwise runs
 /// `dispatch(scenario)` and exits the process with its status.
 pub fn worker(dispatch: impl FnOnce(&str) -> Outcome) {
@@ -68,11 +76,11 @@ pub fn worker(dispatch: impl FnOnce(&str) -> Outcome) {
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dispatch(&scenario)));
     let code = match r {
         Ok(Ok(())) => {
-            eprintln!("[rank {rank}] {scenario}: ok\n{DONE_MARKER}");
+            say(format!("[rank {rank}] {scenario}: ok\n{DONE_MARKER}\n"));
             0
         }
         Ok(Err(e)) => {
-            eprintln!("[rank {rank}] {scenario}: FAILED: {e}");
+            say(format!("[rank {rank}] {scenario}: FAILED: {e}\n"));
             EXIT_FAILED
         }
         Err(p) => {
@@ -81,7 +89,7 @@ pub fn worker(dispatch: impl FnOnce(&str) -> Outcome) {
                 .cloned()
                 .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
                 .unwrap_or_else(|| "non-string panic".into());
-            eprintln!("[rank {rank}] {scenario}: PANICKED: {msg}");
+            say(format!("[rank {rank}] {scenario}: PANICKED: {msg}\n"));
             EXIT_PANIC
         }
     };
