@@ -701,6 +701,43 @@ fn ofi_is_probed_across_hosts_on_a_fabric_only() {
     }
 }
 
+/// Across hosts over libfabric's `tcp`, rank 0 opens one rail where its host's TCP congestion
+/// control does not pace connections (cubic) and the default four where it does (BBR);
+/// `AMPCCL_OFI_RAILS` overrides either.
+#[test]
+fn ofi_hosts_rails_follow_congestion_control() {
+    let Some(hosts) = Hosts::new_or_skip(2) else {
+        return;
+    };
+    for (cc, set, want) in [
+        ("cubic", None, 1),
+        ("bbr", None, 4),
+        ("cubic", Some("3"), 3),
+    ] {
+        if let Err(why) = (0..2).try_for_each(|i| hosts.set_congestion_control(i, cc)) {
+            println!("skipped {cc}: {why}");
+            continue;
+        }
+        let mut launch = Launch::new(2, "allreduce_mixed")
+            .on_hosts(&hosts, &[0, 1])
+            .env("AMPCCL_LOG", "info");
+        if let Some(n) = set {
+            launch = launch.env("AMPCCL_OFI_RAILS", n);
+        }
+        let Some(launch) = ofi::over(launch, Libfabric::IntelMpi("tcp")) else {
+            return;
+        };
+        for r in launch.run() {
+            let took = r.stderr.contains(&format!("{want} rail(s)"));
+            assert!(
+                took,
+                "{cc}, AMPCCL_OFI_RAILS={set:?}: {}",
+                r.stderr_tail(20)
+            );
+        }
+    }
+}
+
 /// Runs `scenario` with rank `r` on emulated host `placement[r]` (a network namespace with a
 /// private `/dev/shm` each, see `docs/TESTING.md`): ranks on different hosts talk over TCP, or
 /// over the `ofi` provider with `lib`.

@@ -216,13 +216,35 @@ fn check(lib: &Lib, what: &str, rc: c_int) -> Result<(), String> {
 }
 
 impl Endpoint {
-    /// Opens `rails` endpoints of the provider `pick` picks.
-    pub fn open(lib: &'static Lib, pick: Pick, rails: usize) -> Result<Endpoint, String> {
-        sys::keeping_signal_handlers(|| Endpoint::open_inner(lib, pick, rails.max(1)))
+    /// Opens endpoints of the provider `pick` picks: as many as `rails` asks for that
+    /// provider (at least one).
+    pub fn open(
+        lib: &'static Lib,
+        pick: Pick,
+        rails: impl Fn(&Caps) -> usize,
+    ) -> Result<Endpoint, String> {
+        sys::keeping_signal_handlers(|| Endpoint::open_inner(lib, pick, &rails))
     }
 
-    fn open_inner(lib: &'static Lib, pick: Pick, rails: usize) -> Result<Endpoint, String> {
+    fn open_inner(
+        lib: &'static Lib,
+        pick: Pick,
+        rails: &dyn Fn(&Caps) -> usize,
+    ) -> Result<Endpoint, String> {
         let info = getinfo(lib, pick)?;
+        // SAFETY: `info` is a valid description (getinfo).
+        let caps = unsafe {
+            let d = &*(*info).domain_attr;
+            Caps {
+                provider: sys::text((*(*info).fabric_attr).prov_name),
+                virt_addr: d.mr_mode & sys::FI_MR_VIRT_ADDR != 0,
+                prov_key: d.mr_mode & sys::FI_MR_PROV_KEY != 0,
+                local_mr: d.mr_mode & sys::FI_MR_LOCAL != 0
+                    || std::env::var("AMPCCL_OFI_MR_LOCAL").is_ok_and(|v| v == "1"),
+                manual: d.data_progress == sys::FI_PROGRESS_MANUAL,
+            }
+        };
+        let rails = rails(&caps).max(1);
         let mut e = Endpoint {
             lib,
             info,
@@ -233,18 +255,7 @@ impl Endpoint {
             eps: Vec::with_capacity(rails),
             wait_fd: None,
             last_key: random_key()?,
-            // SAFETY: `info` is a valid description (getinfo).
-            caps: unsafe {
-                let d = &*(*info).domain_attr;
-                Caps {
-                    provider: sys::text((*(*info).fabric_attr).prov_name),
-                    virt_addr: d.mr_mode & sys::FI_MR_VIRT_ADDR != 0,
-                    prov_key: d.mr_mode & sys::FI_MR_PROV_KEY != 0,
-                    local_mr: d.mr_mode & sys::FI_MR_LOCAL != 0
-                        || std::env::var("AMPCCL_OFI_MR_LOCAL").is_ok_and(|v| v == "1"),
-                    manual: d.data_progress == sys::FI_PROGRESS_MANUAL,
-                }
-            },
+            caps,
         };
         // Each step stores its object in `e` at once, so that an error drops what exists.
         // SAFETY: the calls follow libfabric's opening order with the objects opened before;

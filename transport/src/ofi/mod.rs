@@ -23,7 +23,9 @@
 //!   any sender; each message names its sender's rank (a message naming no peer is dropped);
 //! - large writes are cut into pieces that go round robin over several endpoints (*rails*,
 //!   `AMPCCL_OFI_RAILS`) of one domain, each with its own connections where the provider
-//!   runs over sockets, all completing on one queue.
+//!   runs over sockets, all completing on one queue. Over the kernel's TCP connections the
+//!   default follows the host's congestion control ([`setup::rails_for`]): several paced
+//!   (BBR) connections move more than one, unpaced ones (cubic) cost more than one.
 //!
 //! Registration follows the provider's memory-registration mode: regions addressed by virtual
 //! address or by offset, keys the provider or we pick (fresh random-started ones, unique in
