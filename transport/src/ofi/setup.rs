@@ -144,9 +144,10 @@ fn setup_err(what: &str) -> Error {
 /// Connects this rank to every peer of `boot` through libfabric: rank 0 picks the provider
 /// (`auto`: the first of an RDMA fabric, [`fabrics_from_env`]; else `AMPCCL_OFI_PROVIDER`, else
 /// the first suitable one, leaving out `shm` when the ranks span hosts) and the number of
-/// rails (`AMPCCL_OFI_RAILS`, else [`rails_for`]), every rank opens that many endpoints of it, and the ranks swap
-/// their addresses. Where rank 0 finds no provider or some rank cannot open it, every rank
-/// fails with the reason, or, when `auto`, returns `None` (the caller takes another provider).
+/// rails (`AMPCCL_OFI_RAILS`, else [`rails_for`]), every rank opens that many endpoints of
+/// it, and the ranks swap their addresses. Where rank 0 finds no provider or some rank cannot
+/// open it, every rank fails with the reason, or, when `auto`, returns `None` (the caller
+/// takes another provider).
 pub fn connect(
     boot: &Bootstrap,
     cfg: &TransportConfig,
