@@ -234,9 +234,9 @@ impl Hosts {
         Ok(())
     }
 
-    /// Sets the TCP congestion control of host `i`'s connections (`net.ipv4.tcp_congestion_control`
-    /// in its namespace, e.g. `cubic`): a new namespace takes the machine's, which need not be
-    /// what the hosts being emulated run.
+    /// Sets the TCP congestion control of host `i`'s connections
+    /// (`net.ipv4.tcp_congestion_control` in its namespace, e.g. `cubic`): a new namespace takes
+    /// the machine's, which need not be what the hosts being emulated run.
     pub fn set_congestion_control(&self, i: usize, name: &str) -> Result<(), String> {
         if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
             return Err(format!(

@@ -39,7 +39,7 @@ const TCP_PROVIDERS: [&str; 2] = ["tcp", "sockets"];
 /// bind, and every further connection only adds acknowledgements and wake-ups to them (one
 /// was the fastest from 1 to 64 MiB). Other providers (RDMA fabrics, `shm`) get the default.
 pub fn rails_for(provider: &str, congestion: Option<&str>) -> (usize, String) {
-    let core = provider.split(';').next().unwrap_or(provider);
+    let core = provider.split_once(';').map_or(provider, |(core, _)| core);
     let default = RAILS.default as usize;
     if !TCP_PROVIDERS.contains(&core) {
         return (default, format!("the default for {provider}"));
