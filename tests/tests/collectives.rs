@@ -406,13 +406,15 @@ fn ofi_broadcast_w2_pair() {
     }
 }
 
-/// Over `ofi` with one rail (`AMPCCL_OFI_RAILS=1`; the other tests stripe over the default
-/// rails), and with a rail count that does not divide the writes' pieces evenly.
+/// Over `ofi` with one rail (`AMPCCL_OFI_RAILS=1`; the other tests run on the default rails,
+/// which depend on the host's congestion control), and with a rail count that does not divide
+/// the writes' pieces evenly, every write from 8 KiB striped (`AMPCCL_RMA_STRIPE_MIN=4K`).
 #[test]
 fn ofi_allreduce_mixed_w2_rails() {
     for rails in ["1", "3"] {
         let l = Launch::new(2, "allreduce_mixed")
             .env("AMPCCL_OFI_RAILS", rails)
+            .env("AMPCCL_RMA_STRIPE_MIN", "4K")
             .env("AMPCCL_LOG", "info");
         if let Some(l) = ofi::over(l, Libfabric::IntelMpi("tcp")) {
             for r in l.run() {

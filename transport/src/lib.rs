@@ -32,17 +32,18 @@ pub use ampccl_runtime::{Error, Result};
 use ampccl_runtime::param::Param;
 
 /// The transports' parameters ([`Param`], docs/TUNING.md): the TCP provider's connections per
-/// pair, stripe size and polled sockets' low-water mark, the `ofi` provider's rails, how long
-/// small frames are held back. The other constants here are layout (the shared-memory segment's, a
-/// cache line of credit words), bounds that keep the bootstrap from deadlocking, or choices of
-/// code that runs only at initialization; docs/TUNING.md ("Fixed constants") says why each
-/// stays fixed.
+/// pair, stripe size and polled sockets' low-water mark, the `ofi` provider's rails, the
+/// protocol's stripe size over several channels, how long small frames are held back. The
+/// other constants here are layout (the shared-memory segment's, a cache line of credit
+/// words), bounds that keep the bootstrap from deadlocking, or choices of code that runs only
+/// at initialization; docs/TUNING.md ("Fixed constants") says why each stays fixed.
 pub fn params() -> Vec<&'static Param> {
     vec![
         &tcp::stripe::NSOCKS,
         &tcp::stripe::STRIPE_MIN,
         &tcp::POLLED_LOWAT,
         &ofi::RAILS,
+        &protocol::STRIPE_MIN,
         &hold::HOLD,
     ]
 }

@@ -30,6 +30,7 @@
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::Poll;
 
+use ampccl_runtime::param::{Param, Unit};
 use ampccl_runtime::task::CopyTo;
 use ampccl_runtime::{Error, Result};
 
@@ -118,7 +119,7 @@ fn post(
             "buffer {buf:p}+{len} is not in a registered window"
         ))));
     };
-    let nreqs = (dev.channels() as u32).clamp(1, 1 + (len / MIN_STRIPE as usize) as u32);
+    let nreqs = stripe_count(len, dev.channels(), STRIPE_MIN.bytes()) as u32;
     let entry = CtsEntry {
         addr,
         size: len as u64,
@@ -187,8 +188,22 @@ fn raise(counter: &AtomicU32, to: u32) {
     });
 }
 
-/// Smallest piece a transfer is striped into.
-const MIN_STRIPE: u32 = 64 * 1024;
+/// Smallest piece a transfer is striped into (the receiver's value holds: it names the stripe
+/// count in its clear-to-send entry).
+pub static STRIPE_MIN: Param = Param::new(
+    "RMA_STRIPE_MIN",
+    256 << 10,
+    (4 << 10, 1 << 30),
+    Unit::Bytes,
+    "smallest stripe when a transfer is split over an RMA device's channels (the ofi \
+     provider's rails)",
+);
+
+/// How many stripes `len` bytes are cut into over at most `ways` channels or connections,
+/// each of at least `min` bytes (1 when short). The TCP provider cuts its writes the same way.
+pub fn stripe_count(len: usize, ways: usize, min: usize) -> usize {
+    (len / min.max(1)).clamp(1, ways.max(1))
+}
 
 /// Sends `len` bytes from `src` as send `seq`, once the receiver's clear-to-send is there.
 ///
@@ -354,6 +369,23 @@ pub(crate) mod tests {
             Poll::Ready(v) => v,
             Poll::Pending => panic!("unexpectedly pending"),
         }
+    }
+
+    #[test]
+    fn stripes_are_at_least_the_minimum_and_at_most_one_per_channel() {
+        let k = 256 << 10;
+        assert_eq!(stripe_count(0, 4, k), 1, "an empty transfer is one write");
+        assert_eq!(stripe_count(k - 1, 4, k), 1);
+        assert_eq!(
+            stripe_count(2 * k - 1, 4, k),
+            1,
+            "two stripes would be short"
+        );
+        assert_eq!(stripe_count(2 * k, 4, k), 2);
+        assert_eq!(stripe_count(4 << 20, 4, k), 4, "one per channel");
+        assert_eq!(stripe_count(4 << 20, 1, k), 1);
+        assert_eq!(stripe_count(1 << 20, 4, 1), 4, "the smallest minimum");
+        assert_eq!(stripe_count(1 << 20, 4, 0), 4, "a zero minimum counts as 1");
     }
 
     #[test]

@@ -463,7 +463,7 @@ impl RmaDevice for TcpDevice {
             h
         };
         let p = self.peer(peer);
-        if stripe::count(len, self.nsocks, self.stripe_min) == 1 {
+        if crate::protocol::stripe_count(len, self.nsocks, self.stripe_min) == 1 {
             return p.send(&frame(&(0, len)), payload);
         }
         let parts = stripe::stripes(len, self.nsocks, self.stripe_min);

@@ -21,6 +21,8 @@ use std::os::fd::RawFd;
 
 use ampccl_runtime::param::{Param, Unit};
 
+use crate::protocol::stripe_count;
+
 /// Connections per pair of ranks (rank 0's value holds for the whole communicator).
 pub static NSOCKS: Param = Param::new(
     "NSOCKS",
@@ -39,16 +41,10 @@ pub static STRIPE_MIN: Param = Param::new(
     "smallest stripe when a TCP write is cut over several connections (AMPCCL_NSOCKS > 1)",
 );
 
-/// How many stripes `len` bytes are cut into over at most `nsocks` connections, each of at
-/// least `min` bytes (1 when short).
-pub fn count(len: usize, nsocks: usize, min: usize) -> usize {
-    (len / min.max(1)).clamp(1, nsocks.max(1))
-}
-
 /// How `len` bytes are cut over at most `nsocks` connections with stripes of at least
-/// `min` bytes ([`count`]): `(offset, len)` per stripe, in connection order.
+/// `min` bytes ([`stripe_count`]): `(offset, len)` per stripe, in connection order.
 pub fn stripes(len: usize, nsocks: usize, min: usize) -> Vec<(usize, usize)> {
-    let n = count(len, nsocks, min);
+    let n = stripe_count(len, nsocks, min);
     let base = len / n;
     let extra = len % n;
     let mut out = Vec::with_capacity(n);
