@@ -251,6 +251,21 @@ impl Hosts {
             "-qw",
             &format!("net.ipv4.tcp_congestion_control={name}"),
         ]))
+        .map_err(|e| {
+            // Outside the machine's own namespace the kernel lets only the allowed ones be
+            // chosen (the machine's default and reno, unless root widened the list).
+            let allowed = allowed_congestion_controls();
+            if allowed.iter().any(|a| a == name) {
+                return e;
+            }
+            format!(
+                "congestion control {name} is not allowed in network namespaces here \
+                 (net.ipv4.tcp_allowed_congestion_control = {}; as root: sysctl -w \
+                 net.ipv4.tcp_allowed_congestion_control=\"{} {name}\"): {e}",
+                allowed.join(" "),
+                allowed.join(" ")
+            )
+        })
     }
 
     /// Removes the rate limit of [`Hosts::set_rate`] (nothing if none).
@@ -525,6 +540,16 @@ impl Drop for SetupLock {
             unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
         }
     }
+}
+
+/// The congestion controls a network namespace other than the machine's may choose
+/// (`net.ipv4.tcp_allowed_congestion_control`; always includes reno).
+pub fn allowed_congestion_controls() -> Vec<String> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
 }
 
 #[cfg(test)]

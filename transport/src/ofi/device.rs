@@ -23,8 +23,23 @@ use crate::handback::{Handback, PollMark};
 use crate::oplog::OpLog;
 use crate::transport::{OpFormatter, Transport};
 
-/// Largest eager message (as the TCP provider's: one round trip saved per small message).
-pub const EAGER_MAX: usize = 4096;
+/// Largest eager payload: one message instead of a clear-to-send, a write and an immediate,
+/// for one copy more on each side (into the slot, out of it); docs/TUNING.md ("Fixed
+/// constants") has the measurement.
+const EAGER_MAX: usize = 16 << 10;
+/// Largest eager payload where `ofi_rxm` carries the messages: with our header and a full
+/// batch of held-back messages, every message then fits `ofi_rxm`'s default 16 KiB buffer,
+/// beyond which it runs a rendezvous of its own.
+const RXM_EAGER_MAX: usize = 12 << 10;
+
+/// The largest eager payload over `provider` (a name as libfabric gives it, `tcp;ofi_rxm`).
+pub fn eager_max(provider: &str) -> usize {
+    if provider.split(';').any(|p| p == "ofi_rxm") {
+        RXM_EAGER_MAX
+    } else {
+        EAGER_MAX
+    }
+}
 
 /// How often the progress thread sends each peer a liveness message: a send to a dead peer
 /// fails, which is how its death shows within about a second.
@@ -55,6 +70,7 @@ pub struct Shared {
     rank: usize,
     depth: usize,
     rails: usize,
+    eager_max: usize,
     state: Mutex<State>,
     descs: Vec<String>,
     wait_fd: Option<i32>,
@@ -171,6 +187,7 @@ impl OfiDevice {
             rank,
             depth,
             rails,
+            eager_max: state.eager_max,
             state: Mutex::new(state),
             descs,
             wait_fd,
@@ -324,7 +341,7 @@ impl RmaDevice for OfiDevice {
         let mut s = self.lock();
         // An eager-sized write entry only tells a rendezvous sender of a length mismatch: no
         // data is written into it, so it opens no region (nor does an empty one).
-        let rkey = if entry.size > 0 && (read || entry.size as usize > EAGER_MAX) {
+        let rkey = if entry.size > 0 && (read || entry.size as usize > self.eager_max) {
             let access = if read {
                 sys::FI_REMOTE_READ
             } else {
@@ -426,7 +443,7 @@ impl RmaDevice for OfiDevice {
     }
 
     fn eager_max(&self) -> usize {
-        EAGER_MAX
+        self.eager_max
     }
 
     unsafe fn eager_write(
@@ -439,7 +456,7 @@ impl RmaDevice for OfiDevice {
         len: usize,
     ) -> Result<()> {
         // SAFETY: `src` is valid for `len` reads by contract.
-        let payload = unsafe { eager_payload(src, len, EAGER_MAX)? };
+        let payload = unsafe { eager_payload(src, len, self.eager_max)? };
         let h = Header::new(Kind::Eager, slot, idx, tag, len as u64);
         self.send(peer, &h, payload)
     }
@@ -449,7 +466,7 @@ impl RmaDevice for OfiDevice {
         let e = &s.peer(peer).eager[slot];
         (e.full && e.idx == idx).then_some(EagerHeader {
             tag: e.tag,
-            len: e.len,
+            len: e.data.len(),
         })
     }
 
@@ -461,12 +478,12 @@ impl RmaDevice for OfiDevice {
         let e = &s.peer(peer).eager[slot];
         // SAFETY: `dst` is valid for `len` writes and the slot holds at least `len` bytes (the
         // caller's contract, checked by `eager_peek`).
-        unsafe { std::ptr::copy_nonoverlapping(e.data.as_ptr(), dst, len.min(e.len)) };
+        unsafe { std::ptr::copy_nonoverlapping(e.data.as_ptr(), dst, len.min(e.data.len())) };
     }
 
     fn post_credit(&self, peer: usize, slot: usize, seq: u32) -> Result<()> {
         let mut s = self.lock();
-        s.peer(peer).eager[slot].full = false;
+        s.release_eager(peer, slot);
         let h = Header::new(Kind::Credit, slot, seq.wrapping_add(1), 0, 0);
         // Deferred: the sender needs it only `depth` messages later. The receive is complete:
         // a peer that is gone by now needs no credit.

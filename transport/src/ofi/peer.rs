@@ -23,13 +23,16 @@ pub struct ImmSlot {
     landed: u32,
 }
 
-/// An eager slot: message `idx` with `tag` and `len` payload bytes while `full`.
+/// An eager slot: message `idx` with `tag` and payload `data` while `full`. The payload's
+/// buffer comes from the state's pool when a message lands and goes back when the receiver
+/// is done with it, so a peer costs only the messages it has waiting, not a FIFO's depth of
+/// largest messages.
+#[derive(Default)]
 pub struct EagerSlot {
     pub idx: u32,
     pub tag: u32,
-    pub len: usize,
     pub full: bool,
-    pub data: Box<[u8]>,
+    pub data: Vec<u8>,
 }
 
 /// What we know of one peer.
@@ -68,22 +71,14 @@ pub struct PeerState {
 }
 
 impl PeerState {
-    pub fn new(addrs: Vec<FiAddr>, desc: String, depth: usize, eager_max: usize) -> PeerState {
+    pub fn new(addrs: Vec<FiAddr>, desc: String, depth: usize) -> PeerState {
         PeerState {
             addrs,
             rail: 0,
             desc,
             cts: vec![(CtsEntry::default(), 0); depth],
             imm: (0..depth).map(|_| ImmSlot::default()).collect(),
-            eager: (0..depth)
-                .map(|_| EagerSlot {
-                    idx: 0,
-                    tag: 0,
-                    len: 0,
-                    full: false,
-                    data: vec![0u8; eager_max].into_boxed_slice(),
-                })
-                .collect(),
+            eager: (0..depth).map(|_| EagerSlot::default()).collect(),
             credits: vec![0; depth],
             acks: 0,
             regions: (0..depth).map(|_| None).collect(),

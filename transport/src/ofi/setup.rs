@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use ampccl_runtime::param::{Param, Unit};
 use ampccl_runtime::{Error, Result};
 
-use super::device::{EAGER_MAX, OfiDevice};
+use super::device::{OfiDevice, eager_max};
 use super::fabric::{Caps, Endpoint, Pick};
 use super::peer::PeerState;
 use super::state::{self, State};
@@ -258,14 +258,14 @@ pub fn connect(
             fi_addrs,
             descs[r].clone(),
             cfg.fifo_depth,
-            EAGER_MAX,
         )));
     }
     let caps = ep.caps.clone();
     let version = ep.version();
-    let mut state = State::new(ep, rank, peers, cfg.fifo_depth, EAGER_MAX);
+    let eager = eager_max(&caps.provider);
+    let mut state = State::new(ep, rank, peers, cfg.fifo_depth, eager);
     for _ in 0..state::recvs(world - 1) {
-        let buf = vec![0u8; wire::msg_max(EAGER_MAX)].into_boxed_slice();
+        let buf = vec![0u8; wire::msg_max(eager)].into_boxed_slice();
         state
             .post_recv(buf)
             .map_err(|e| setup_err(&format!("post a receive: {e}")))?;

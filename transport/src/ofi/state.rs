@@ -140,6 +140,9 @@ struct Op {
 
 /// Most message buffers kept for reuse.
 const SEND_POOL: usize = 64;
+/// Most eager payload buffers kept for reuse (more are freed): as many as messages usually
+/// wait at once, across all peers.
+const EAGER_POOL: usize = 64;
 
 /// A message buffer ([`wire::msg_max`] bytes of capacity, registered where the provider asks)
 /// with a context to send it under: kept for the next message once its send completed, so a
@@ -183,6 +186,8 @@ pub struct State {
     reads_done: Vec<usize>,
     /// Message buffers not in use (see [`SendBuf`]).
     send_pool: Vec<SendBuf>,
+    /// Eager payload buffers not in use (see [`super::peer::EagerSlot`]), empty.
+    eager_pool: Vec<Vec<u8>>,
     /// Our rank, which every message names.
     rank: usize,
     pub depth: usize,
@@ -216,6 +221,7 @@ impl State {
             backlog: VecDeque::new(),
             reads_done: Vec::new(),
             send_pool: Vec::new(),
+            eager_pool: Vec::new(),
             polled_fresh: false,
             rank,
             depth,
@@ -655,6 +661,36 @@ impl State {
         Ok(())
     }
 
+    /// Keeps eager message `h` from `peer` in its slot, in a buffer of the pool.
+    fn store_eager(
+        &mut self,
+        peer: usize,
+        slot: usize,
+        h: &Header,
+        payload: &[u8],
+    ) -> Result<(), String> {
+        if self.peer(peer).eager[slot].full {
+            return Err(format!("an eager message into the full slot {slot}"));
+        }
+        let mut data = self.eager_pool.pop().unwrap_or_default();
+        data.extend_from_slice(payload);
+        let s = &mut self.peer(peer).eager[slot];
+        (s.idx, s.tag, s.full, s.data) = (h.a, h.b, true, data);
+        Ok(())
+    }
+
+    /// Empties eager slot `slot` of `peer` (its receiver has the message), keeping the
+    /// buffer for the next message while the pool is short.
+    pub fn release_eager(&mut self, peer: usize, slot: usize) {
+        let s = &mut self.peer(peer).eager[slot];
+        s.full = false;
+        let mut data = std::mem::take(&mut s.data);
+        if self.eager_pool.len() < EAGER_POOL {
+            data.clear();
+            self.eager_pool.push(data);
+        }
+    }
+
     /// Applies a decoded message from `peer`.
     fn deliver(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
         let p = self.peer(peer);
@@ -668,14 +704,7 @@ impl State {
                 p.cts[slot] = (entry, h.value);
             }
             Kind::Imm => p.immediate(slot, (h.a, h.b, h.value))?,
-            Kind::Eager => {
-                let s = &mut p.eager[slot];
-                if s.full {
-                    return Err(format!("an eager message into the full slot {slot}"));
-                }
-                s.data[..payload.len()].copy_from_slice(payload);
-                (s.idx, s.tag, s.len, s.full) = (h.a, h.b, payload.len(), true);
-            }
+            Kind::Eager => return self.store_eager(peer, slot, h, payload),
             Kind::Credit => p.credits[slot] = h.a,
             Kind::Ack => p.acks = p.acks.wrapping_add(1),
             Kind::Fail => {
