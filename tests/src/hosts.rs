@@ -258,12 +258,11 @@ impl Hosts {
             if allowed.iter().any(|a| a == name) {
                 return e;
             }
+            let allowed = allowed.join(" ");
             format!(
                 "congestion control {name} is not allowed in network namespaces here \
-                 (net.ipv4.tcp_allowed_congestion_control = {}; as root: sysctl -w \
-                 net.ipv4.tcp_allowed_congestion_control=\"{} {name}\"): {e}",
-                allowed.join(" "),
-                allowed.join(" ")
+                 (net.ipv4.tcp_allowed_congestion_control = {allowed}; as root: sysctl -w \
+                 net.ipv4.tcp_allowed_congestion_control=\"{allowed} {name}\"): {e}"
             )
         })
     }

@@ -70,6 +70,7 @@ pub struct Shared {
     rank: usize,
     depth: usize,
     rails: usize,
+    /// The state's `eager_max`, read here without the lock.
     eager_max: usize,
     state: Mutex<State>,
     descs: Vec<String>,
