@@ -44,7 +44,7 @@ impl Executor for AllGatherRing {
                 base_out: Mem::of(BufKind::UserOut).add(start * e),
             };
             // Rank r starts owning block r (shift 0).
-            ring::all_gather(p, res, &mut r, &round, 0)?;
+            ring::all_gather(p, res, &mut r, &round, 0, false)?;
         }
         Ok(())
     }

@@ -44,12 +44,13 @@ impl Executor for AllReduceRing {
                 base_out: Mem::of(BufKind::UserOut).add(start * e),
             };
             // After reduce-scatter rank r owns block r + 1 (shift 1).
-            ring::reduce_scatter(p, res, &mut r, &round, 1, None)?;
+            let early = ring::early_gather(p, res, &r, &round, 1);
+            ring::reduce_scatter(p, res, &mut r, &round, 1, None, early)?;
             if p.op == ReduceOp::Avg {
                 let (own, n) = round.output(r.block_at(1), e);
                 res.tasks.finish_avg(MAIN, p.dtype, own, n, p.world)?;
             }
-            ring::all_gather(p, res, &mut r, &round, 1)?;
+            ring::all_gather(p, res, &mut r, &round, 1, early.is_some())?;
         }
         Ok(())
     }

@@ -69,7 +69,7 @@ impl Executor for ReduceScatterRing {
             };
             // After world - 1 steps rank r holds block r + shift: shift 0.
             let fin = Final { at: out, streamed };
-            ring::reduce_scatter(p, res, &mut r, &round, 0, Some(fin))?;
+            ring::reduce_scatter(p, res, &mut r, &round, 0, Some(fin), None)?;
         }
         if p.op == ReduceOp::Avg {
             res.tasks

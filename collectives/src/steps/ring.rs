@@ -108,10 +108,41 @@ pub struct Final {
     pub streamed: bool,
 }
 
+/// The first receive of an allgather that follows a reduce-scatter, posted with the
+/// reduce-scatter's last step ([`early_gather`]).
+#[derive(Clone, Copy, Debug)]
+pub struct EarlyRecv {
+    at: Mem,
+    bytes: usize,
+}
+
+/// The first receive of the allgather that will follow the reduce-scatter of `round`, where
+/// it lands straight in the output: posted with the reduce-scatter's last step, its
+/// clear-to-send reaches the previous rank while both still reduce, and that rank's send
+/// starts as soon as its block is final instead of after our clear-to-send crossed the
+/// network (across hosts a one-way trip, and the wait until the rank next reads its queue).
+/// `None` where the block goes through a slot: it would take a slot the reduce-scatter may
+/// still use. The block is not written by the reduce-scatter (it is the one this rank sends
+/// first, read by its first step in place, which is complete before the previous rank can
+/// have its block final).
+pub fn early_gather(
+    p: &OpParam,
+    res: &AlgResourceResponse<'_>,
+    ring: &Ring<'_>,
+    round: &Round,
+    shift: isize,
+) -> Option<EarlyRecv> {
+    let e = p.elem();
+    let (at, len) = round.output(ring.block_at(shift - 1), e);
+    res.lands_directly(ring.prev, at.buf)
+        .then_some(EarlyRecv { at, bytes: len * e })
+}
+
 /// Ring reduce-scatter over the blocks of `round`. Partial sums travel from rank to rank.
 /// Without `final_out` the accumulators are the output blocks (AllReduce); with it partial
 /// sums are kept in the receive slot and only the final block is reduced into `final_out`
-/// (ReduceScatter, whose output holds one block).
+/// (ReduceScatter, whose output holds one block). `then` is posted with the last step's
+/// receive, before its send (receives from a peer match its sends in order).
 ///
 /// At step `k` rank `r` sends block `r - k - 1 + shift` and receives `r - k - 2 + shift`; after
 /// `world - 1` steps rank `r` holds block `r + shift` (mod world).
@@ -122,6 +153,7 @@ pub fn reduce_scatter(
     round: &Round,
     shift: isize,
     final_out: Option<Final>,
+    then: Option<EarlyRecv>,
 ) -> Result<()> {
     let e = p.elem();
     let mut prev_slot: Option<Mem> = None;
@@ -139,11 +171,14 @@ pub fn reduce_scatter(
             (_, Some(_), Some(s)) => (s, round.input(send_j, e).1),
             (_, Some(_), None) => unreachable!("slot set after the first step"),
         };
+        let last = k == ring.world - 2;
+        if let (true, Some(g)) = (last, then) {
+            res.tasks.rx_async(MAIN, ring.prev, g.at, g.bytes)?;
+        }
         res.tasks
             .tx_async(MAIN, ring.next, send_src, send_len * e)?;
         res.tasks.rx_wait_done(MAIN, ring.prev, recv_len * e)?;
         let (own, _) = round.input(recv_j, e);
-        let last = k == ring.world - 2;
         let (dst, streamed) = match final_out {
             None => (round.output(recv_j, e).0, false),
             Some(f) if last => (f.at, f.streamed),
@@ -161,12 +196,14 @@ pub fn reduce_scatter(
 /// `r + shift`; after `world - 1` steps every rank has every block in the output. Blocks land
 /// in a slot and are copied out, or straight in the output where that costs no extra copy
 /// ([`AlgResourceResponse::lands_directly`]: shared user memory, or a link from another host).
+/// `posted`: the first receive was posted ahead ([`early_gather`]).
 pub fn all_gather(
     p: &OpParam,
     res: &mut AlgResourceResponse<'_>,
     ring: &mut Ring<'_>,
     round: &Round,
     shift: isize,
+    posted: bool,
 ) -> Result<()> {
     let e = p.elem();
     for k in 0..ring.world - 1 {
@@ -184,7 +221,9 @@ pub fn all_gather(
         } else {
             slot
         };
-        res.tasks.rx_async(MAIN, ring.prev, at, bytes)?;
+        if !(posted && k == 0) {
+            res.tasks.rx_async(MAIN, ring.prev, at, bytes)?;
+        }
         res.tasks.tx_async(MAIN, ring.next, src, send_len * e)?;
         res.tasks.rx_wait_done(MAIN, ring.prev, bytes)?;
         res.tasks.copy(MAIN, dst, at, bytes)?;
