@@ -467,7 +467,7 @@ impl RmaDevice for OfiDevice {
         let e = &s.peer(peer).eager[slot];
         (e.full && e.idx == idx).then_some(EagerHeader {
             tag: e.tag,
-            len: e.data.len(),
+            len: e.range.len(),
         })
     }
 
@@ -476,10 +476,10 @@ impl RmaDevice for OfiDevice {
             return;
         }
         let mut s = self.lock();
-        let e = &s.peer(peer).eager[slot];
+        let data = s.peer(peer).eager[slot].payload();
         // SAFETY: `dst` is valid for `len` writes and the slot holds at least `len` bytes (the
         // caller's contract, checked by `eager_peek`).
-        unsafe { std::ptr::copy_nonoverlapping(e.data.as_ptr(), dst, len.min(e.data.len())) };
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, len.min(data.len())) };
     }
 
     fn post_credit(&self, peer: usize, slot: usize, seq: u32) -> Result<()> {

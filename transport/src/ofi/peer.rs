@@ -4,6 +4,7 @@
 //! link (its rails, the regions our clear-to-send entries opened, writes in flight, messages
 //! held back, whether it is dead).
 
+use std::ops::Range;
 use std::time::Instant;
 
 use super::fabric::Mr;
@@ -23,16 +24,32 @@ pub struct ImmSlot {
     landed: u32,
 }
 
-/// An eager slot: message `idx` with `tag` and payload `data` while `full`. The payload's
-/// buffer comes from the state's pool when a message lands and goes back when the receiver
-/// is done with it, so a peer costs only the messages it has waiting, not a FIFO's depth of
-/// largest messages.
+/// A receive buffer with its registration (where the provider asks for one).
+pub struct RecvBuf {
+    pub buf: Box<[u8]>,
+    pub mr: Option<Mr>,
+}
+
+/// An eager slot: message `idx` with `tag` while `full`, its payload at `range` of the
+/// receive buffer it arrived in. The buffer stays with the slot until the receiver has the
+/// message (a spare one is posted in its place), so a message is copied once on this side,
+/// into the receiver's memory, and a peer costs only the messages it has waiting.
 #[derive(Default)]
 pub struct EagerSlot {
     pub idx: u32,
     pub tag: u32,
     pub full: bool,
-    pub data: Vec<u8>,
+    pub msg: Option<RecvBuf>,
+    pub range: Range<usize>,
+}
+
+impl EagerSlot {
+    /// The waiting message's payload (empty while the slot is).
+    pub fn payload(&self) -> &[u8] {
+        self.msg
+            .as_ref()
+            .map_or(&[], |m| &m.buf[self.range.clone()])
+    }
 }
 
 /// What we know of one peer.

@@ -18,7 +18,7 @@ use std::mem::MaybeUninit;
 use std::time::{Duration, Instant};
 
 use super::fabric::{self, Endpoint, Mr};
-use super::peer::PeerState;
+use super::peer::{PeerState, RecvBuf};
 use super::sys::{self, Context2, FiAddr};
 use super::wire::{self, Header, Kind};
 use crate::device::CtsEntry;
@@ -140,9 +140,9 @@ struct Op {
 
 /// Most message buffers kept for reuse.
 const SEND_POOL: usize = 64;
-/// Most eager payload buffers kept for reuse (more are freed): as many as messages usually
-/// wait at once, across all peers.
-const EAGER_POOL: usize = 64;
+/// Most spare receive buffers kept for reuse (more are freed): as many as eager messages
+/// usually wait at once, across all peers.
+const SPARE_RECVS: usize = 64;
 
 /// A message buffer ([`wire::msg_max`] bytes of capacity, registered where the provider asks)
 /// with a context to send it under: kept for the next message once its send completed, so a
@@ -186,8 +186,12 @@ pub struct State {
     reads_done: Vec<usize>,
     /// Message buffers not in use (see [`SendBuf`]).
     send_pool: Vec<SendBuf>,
-    /// Eager payload buffers not in use (see [`super::peer::EagerSlot`]), empty.
-    eager_pool: Vec<Vec<u8>>,
+    /// Receive buffers neither posted nor holding an eager message (see
+    /// [`super::peer::EagerSlot`]).
+    spare_recvs: Vec<RecvBuf>,
+    /// The eager message of the receive being applied: `(peer, slot, payload address, len)`.
+    /// It stays in the receive's buffer, which goes to the slot once the receive is applied.
+    kept: Option<(usize, usize, usize, usize)>,
     /// Our rank, which every message names.
     rank: usize,
     pub depth: usize,
@@ -221,7 +225,8 @@ impl State {
             backlog: VecDeque::new(),
             reads_done: Vec::new(),
             send_pool: Vec::new(),
-            eager_pool: Vec::new(),
+            spare_recvs: Vec::new(),
+            kept: None,
             polled_fresh: false,
             rank,
             depth,
@@ -602,8 +607,33 @@ impl State {
             }
             What::Recv { buf, mr } => {
                 self.receive(&buf[..len.min(buf.len())]);
-                self.repost(op.ctx, buf, mr);
+                match self.kept.take() {
+                    Some((peer, slot, at, len)) => {
+                        let off = at - buf.as_ptr() as usize;
+                        let s = &mut self.peer(peer).eager[slot];
+                        (s.msg, s.range) = (Some(RecvBuf { buf, mr }), off..off + len);
+                        self.post_spare(op.ctx);
+                    }
+                    None => self.repost(op.ctx, buf, mr),
+                }
             }
+        }
+    }
+
+    /// Posts a spare receive buffer (a new one when none is left) in place of one that holds
+    /// an eager message now.
+    fn post_spare(&mut self, ctx: Box<Context2>) {
+        let spare = match self.spare_recvs.pop() {
+            Some(b) => Ok(b),
+            None => {
+                let buf = vec![0u8; wire::msg_max(self.eager_max)].into_boxed_slice();
+                self.local(buf.as_ptr(), buf.len(), sys::FI_RECV)
+                    .map(|mr| RecvBuf { buf, mr })
+            }
+        };
+        match spare {
+            Ok(RecvBuf { buf, mr }) => self.repost(ctx, buf, mr),
+            Err(why) => tracing::warn!("ofi: cannot register a receive buffer: {why}"),
         }
     }
 
@@ -661,7 +691,9 @@ impl State {
         Ok(())
     }
 
-    /// Keeps eager message `h` from `peer` in its slot, in a buffer of the pool.
+    /// Fills eager slot `slot` of `peer` with message `h`, whose `payload` stays in the
+    /// receive's buffer ([`State::kept`]). A receive carries at most one eager message (a
+    /// batch holds credits and clear-to-send entries, and one more message).
     fn store_eager(
         &mut self,
         peer: usize,
@@ -672,22 +704,24 @@ impl State {
         if self.peer(peer).eager[slot].full {
             return Err(format!("an eager message into the full slot {slot}"));
         }
-        let mut data = self.eager_pool.pop().unwrap_or_default();
-        data.extend_from_slice(payload);
+        if self.kept.is_some() {
+            return Err("two eager messages in one batch".into());
+        }
+        self.kept = Some((peer, slot, payload.as_ptr() as usize, payload.len()));
         let s = &mut self.peer(peer).eager[slot];
-        (s.idx, s.tag, s.full, s.data) = (h.a, h.b, true, data);
+        (s.idx, s.tag, s.full) = (h.a, h.b, true);
         Ok(())
     }
 
     /// Empties eager slot `slot` of `peer` (its receiver has the message), keeping the
-    /// buffer for the next message while the pool is short.
+    /// buffer as a spare while there are few.
     pub fn release_eager(&mut self, peer: usize, slot: usize) {
         let s = &mut self.peer(peer).eager[slot];
         s.full = false;
-        let mut data = std::mem::take(&mut s.data);
-        if self.eager_pool.len() < EAGER_POOL {
-            data.clear();
-            self.eager_pool.push(data);
+        if let Some(b) = s.msg.take()
+            && self.spare_recvs.len() < SPARE_RECVS
+        {
+            self.spare_recvs.push(b);
         }
     }
 
