@@ -24,9 +24,9 @@ use crate::oplog::OpLog;
 use crate::transport::{OpFormatter, Transport};
 
 /// Largest eager payload: one message instead of a clear-to-send, a write and an immediate,
-/// for one copy more on each side (into the slot, out of it); docs/TUNING.md ("Fixed
-/// constants") has the measurement.
-const EAGER_MAX: usize = 16 << 10;
+/// for one copy more on each side (into the message, out of the receive buffer); every posted
+/// receive holds one such message. docs/TUNING.md ("Fixed constants") has the measurement.
+const EAGER_MAX: usize = 32 << 10;
 /// Largest eager payload where `ofi_rxm` carries the messages: with our header and a full
 /// batch of held-back messages, every message then fits `ofi_rxm`'s default 16 KiB buffer,
 /// beyond which it runs a rendezvous of its own.
