@@ -467,7 +467,7 @@ impl RmaDevice for OfiDevice {
         let e = &s.peer(peer).eager[slot];
         (e.full && e.idx == idx).then_some(EagerHeader {
             tag: e.tag,
-            len: e.range.len(),
+            len: e.payload().len(),
         })
     }
 

@@ -30,25 +30,36 @@ pub struct RecvBuf {
     pub mr: Option<Mr>,
 }
 
-/// An eager slot: message `idx` with `tag` while `full`, its payload at `range` of the
-/// receive buffer it arrived in. The buffer stays with the slot until the receiver has the
-/// message (a spare one is posted in its place), so a message is copied once on this side,
-/// into the receiver's memory, and a peer costs only the messages it has waiting.
+/// Where an eager message's payload waits for its receiver.
+pub enum Payload {
+    /// In the receive buffer it arrived in, at the range: the buffer stays with the slot
+    /// until the receiver has the message (a spare one is posted in its place), so the
+    /// message is copied once on this side, into the receiver's memory.
+    Kept(RecvBuf, Range<usize>),
+    /// Copied into a buffer of its own size: a small payload would otherwise hold a whole
+    /// receive buffer while it waits.
+    Copied(Vec<u8>),
+}
+
+/// An eager slot: message `idx` with `tag` and its payload while `full`. A peer costs only
+/// the messages it has waiting, each at most about four times its size
+/// ([`super::state::KEEP_MIN`]).
 #[derive(Default)]
 pub struct EagerSlot {
     pub idx: u32,
     pub tag: u32,
     pub full: bool,
-    pub msg: Option<RecvBuf>,
-    pub range: Range<usize>,
+    pub payload: Option<Payload>,
 }
 
 impl EagerSlot {
     /// The waiting message's payload (empty while the slot is).
     pub fn payload(&self) -> &[u8] {
-        self.msg
-            .as_ref()
-            .map_or(&[], |m| &m.buf[self.range.clone()])
+        match &self.payload {
+            Some(Payload::Kept(m, range)) => &m.buf[range.clone()],
+            Some(Payload::Copied(v)) => v,
+            None => &[],
+        }
     }
 }
 
