@@ -140,8 +140,8 @@ struct Op {
 
 /// Most message buffers kept for reuse.
 const SEND_POOL: usize = 64;
-/// Most spare receive buffers kept for reuse (more are freed): as many as eager messages
-/// usually wait at once, across all peers.
+/// Most spare receive buffers (and buffers for small payloads) kept for reuse (more are
+/// freed): as many as eager messages usually wait at once, across all peers.
 const SPARE_RECVS: usize = 64;
 /// Smallest eager payload that waits in the receive buffer it arrived in (a quarter of the
 /// largest: a waiting message holds at most four times its size); smaller ones are copied
@@ -193,6 +193,9 @@ pub struct State {
     /// Receive buffers neither posted nor holding an eager message (see
     /// [`super::peer::EagerSlot`]).
     spare_recvs: Vec<RecvBuf>,
+    /// Buffers for small eager payloads ([`Payload::Copied`]) not in use, empty: a message
+    /// allocates nothing.
+    spare_copies: Vec<Vec<u8>>,
     /// The eager message of the receive being applied: `(peer, slot, payload address, len)`.
     /// It stays in the receive's buffer, which goes to the slot once the receive is applied.
     kept: Option<(usize, usize, usize, usize)>,
@@ -230,6 +233,7 @@ impl State {
             reads_done: Vec::new(),
             send_pool: Vec::new(),
             spare_recvs: Vec::new(),
+            spare_copies: Vec::new(),
             kept: None,
             polled_fresh: false,
             rank,
@@ -715,10 +719,15 @@ impl State {
             }
             self.kept = Some((peer, slot, payload.as_ptr() as usize, payload.len()));
         }
+        let copy = (payload.len() < KEEP_MIN).then(|| {
+            let mut v = self.spare_copies.pop().unwrap_or_default();
+            v.extend_from_slice(payload);
+            Payload::Copied(v)
+        });
         let s = &mut self.peer(peer).eager[slot];
         (s.idx, s.tag, s.full) = (h.a, h.b, true);
-        if payload.len() < KEEP_MIN {
-            s.payload = Some(Payload::Copied(payload.to_vec()));
+        if copy.is_some() {
+            s.payload = copy;
         }
         Ok(())
     }
@@ -728,10 +737,15 @@ impl State {
     pub fn release_eager(&mut self, peer: usize, slot: usize) {
         let s = &mut self.peer(peer).eager[slot];
         s.full = false;
-        if let Some(Payload::Kept(b, _)) = s.payload.take()
-            && self.spare_recvs.len() < SPARE_RECVS
-        {
-            self.spare_recvs.push(b);
+        match s.payload.take() {
+            Some(Payload::Kept(b, _)) if self.spare_recvs.len() < SPARE_RECVS => {
+                self.spare_recvs.push(b);
+            }
+            Some(Payload::Copied(mut v)) if self.spare_copies.len() < SPARE_RECVS => {
+                v.clear();
+                self.spare_copies.push(v);
+            }
+            _ => {}
         }
     }
 
