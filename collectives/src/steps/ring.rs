@@ -156,6 +156,10 @@ pub fn reduce_scatter(
     then: Option<EarlyRecv>,
 ) -> Result<()> {
     let e = p.elem();
+    // Out of place over a network link, the partial sums land straight in their output block
+    // (not written yet, and each block is received once) and are reduced there: one buffer
+    // less in the cache than through a slot. In place the block still holds this rank's input.
+    let in_output = final_out.is_none() && !p.in_place && res.lands_from_network(ring.prev);
     let mut prev_slot: Option<Mem> = None;
     for k in 0..ring.world - 1 {
         let ks = k as isize;
@@ -163,6 +167,11 @@ pub fn reduce_scatter(
         let recv_j = ring.block_at(shift - ks - 2);
         let (_, recv_len) = round.input(recv_j, e);
         let slot = ring.next_slot();
+        let slot = if in_output {
+            round.output(recv_j, e).0
+        } else {
+            slot
+        };
         res.tasks.rx_async(MAIN, ring.prev, slot, recv_len * e)?;
         // What we forward: our own input at the first step, then the partial sum we made.
         let (send_src, send_len) = match (k, final_out, prev_slot) {
