@@ -1,5 +1,8 @@
 //! Ring steps: reduce-scatter and allgather over `world` blocks of a round, double-buffering the
-//! receive side through the slots of the CCL input buffer ([`Window`]).
+//! receive side through the slots of the CCL input buffer ([`Window`]). Over network links,
+//! which reach any memory, blocks land straight in the output where it does not hold the input
+//! (the allgather's always, the allreduce's reduce-scatter out of place), and the allgather's
+//! first receive is posted during the reduce-scatter ([`early_gather`]).
 //!
 //! Every step posts its receive before its send, so mismatched calls are detected (the CTS
 //! carries the fingerprint) instead of deadlocking.
