@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Reads the files benches/scripts/syscall_timeline.c wrote (one per process) and prints either
+the merged timeline of a window, one column per process, or per-process sums.
+
+    syscall_timeline.py timeline PREFIX [--at 0.66] [--us 1200]
+        the calls that start within --us microseconds from --at (a fraction of the run):
+        time from the window's start, thread, call, its duration and result
+    syscall_timeline.py sums PREFIX --per N [--min-bytes 8000]
+        per process: count, time and bytes per call kind, divided by N (the calls the run
+        made, warm-up included), and the rate of the calls that moved at least --min-bytes
+
+PREFIX is $SYSCALL_TIMELINE of the run (files PREFIX.<pid>); files of fewer than 2 KB
+(launchers, shells) are skipped.
+"""
+
+import argparse
+import glob
+import os
+from collections import defaultdict
+
+
+def load(prefix):
+    """{pid: [(start, end, tid, call, result)]} of every file of the run with content."""
+    runs = {}
+    for path in glob.glob(prefix + ".*"):
+        if os.path.getsize(path) < 2048:
+            continue
+        pid = path.rsplit(".", 1)[1]
+        with open(path) as f:
+            runs[pid] = [(float(a), float(b), int(t), c, int(r))
+                         for a, b, t, c, r in (line.split() for line in f)]
+    return runs
+
+
+def timeline(runs, at, span):
+    calls = sorted((rec, pid) for pid, recs in runs.items() for rec in recs)
+    if not calls:
+        return
+    first, last = calls[0][0][0], calls[-1][0][0]
+    start = first + (last - first) * at
+    pids = sorted(runs)
+    for (t0, t1, tid, call, result), pid in calls:
+        if start <= t0 < start + span:
+            indent = " " * 44 * pids.index(pid)
+            print(f"{t0 - start:9.1f} {indent}{tid % 1000:3d} {call} {t1 - t0:.0f}us -> {result}")
+
+
+def sums(runs, per, min_bytes):
+    for pid, recs in sorted(runs.items()):
+        kinds = defaultdict(lambda: [0, 0.0, 0])
+        big = [0.0, 0]
+        for t0, t1, _tid, call, result in recs:
+            k = kinds[call]
+            k[0] += 1
+            k[1] += t1 - t0
+            if call != "epoll_wait" and call != "poll" and result > 0:
+                k[2] += result
+                if result >= min_bytes:
+                    big[0] += t1 - t0
+                    big[1] += result
+        cells = [f"{c} {n / per:.1f}x {t / per:.1f}us {b / per / 1024:.0f}KiB"
+                 for c, (n, t, b) in sorted(kinds.items())]
+        rate = f"{big[1] / big[0] / 1e3:.1f} GB/s" if big[0] else "-"
+        print(f"{pid}: " + ", ".join(cells) + f"; calls of >= {min_bytes} B: {rate}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("mode", choices=("timeline", "sums"))
+    ap.add_argument("prefix")
+    ap.add_argument("--at", type=float, default=0.66)
+    ap.add_argument("--us", type=float, default=1200)
+    ap.add_argument("--per", type=int, default=1)
+    ap.add_argument("--min-bytes", type=int, default=8000)
+    a = ap.parse_args()
+    runs = load(a.prefix)
+    if a.mode == "timeline":
+        timeline(runs, a.at, a.us)
+    else:
+        sums(runs, a.per, a.min_bytes)
+
+
+if __name__ == "__main__":
+    main()
