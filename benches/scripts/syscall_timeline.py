@@ -6,8 +6,8 @@ the merged timeline of a window, one column per process, or per-process sums.
         the calls that start within --us microseconds from --at (a fraction of the run):
         time from the window's start, thread, call, its duration and result
     syscall_timeline.py sums PREFIX --per N [--min-bytes 8000]
-        per process: count, time and bytes per call kind, divided by N (the calls the run
-        made, warm-up included), and the rate of the calls that moved at least --min-bytes
+        per process and call kind, of the calls that moved at least --min-bytes: count, time
+        and bytes divided by N (the calls the run made, warm-up included), and their rate
 
 PREFIX is $SYSCALL_TIMELINE of the run (files PREFIX.<pid>); files of fewer than 2 KB
 (launchers, shells) are skipped.
@@ -16,6 +16,7 @@ PREFIX is $SYSCALL_TIMELINE of the run (files PREFIX.<pid>); files of fewer than
 import argparse
 import glob
 import os
+import signal
 from collections import defaultdict
 
 
@@ -46,25 +47,23 @@ def timeline(runs, at, span):
 
 
 def sums(runs, per, min_bytes):
+    """The data path only: calls that moved at least `min_bytes` (setup's blocking reads and
+    the polls would swamp the sums otherwise)."""
     for pid, recs in sorted(runs.items()):
         kinds = defaultdict(lambda: [0, 0.0, 0])
-        big = [0.0, 0]
         for t0, t1, _tid, call, result in recs:
-            k = kinds[call]
-            k[0] += 1
-            k[1] += t1 - t0
-            if call != "epoll_wait" and call != "poll" and result > 0:
+            if call not in ("epoll_wait", "poll") and result >= min_bytes:
+                k = kinds[call]
+                k[0] += 1
+                k[1] += t1 - t0
                 k[2] += result
-                if result >= min_bytes:
-                    big[0] += t1 - t0
-                    big[1] += result
-        cells = [f"{c} {n / per:.1f}x {t / per:.1f}us {b / per / 1024:.0f}KiB"
-                 for c, (n, t, b) in sorted(kinds.items())]
-        rate = f"{big[1] / big[0] / 1e3:.1f} GB/s" if big[0] else "-"
-        print(f"{pid}: " + ", ".join(cells) + f"; calls of >= {min_bytes} B: {rate}")
+        cells = [f"{c} {n / per:.1f}x {t / per:.1f}us {b / per / 1024:.0f}KiB "
+                 f"({b / t / 1e3:.1f} GB/s)" for c, (n, t, b) in sorted(kinds.items())]
+        print(f"{pid}: " + (", ".join(cells) or "no call moved that much"))
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet under `| head`
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("mode", choices=("timeline", "sums"))
