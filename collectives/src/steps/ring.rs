@@ -169,13 +169,13 @@ pub fn reduce_scatter(
         let send_j = ring.block_at(shift - ks - 1);
         let recv_j = ring.block_at(shift - ks - 2);
         let (_, recv_len) = round.input(recv_j, e);
-        let slot = ring.next_slot();
-        let slot = if in_output {
+        // Where the previous rank's partial sum lands.
+        let at = if in_output {
             round.output(recv_j, e).0
         } else {
-            slot
+            ring.next_slot()
         };
-        res.tasks.rx_async(MAIN, ring.prev, slot, recv_len * e)?;
+        res.tasks.rx_async(MAIN, ring.prev, at, recv_len * e)?;
         // What we forward: our own input at the first step, then the partial sum we made.
         let (send_src, send_len) = match (k, final_out, prev_slot) {
             (0, _, _) => round.input(send_j, e),
@@ -194,12 +194,12 @@ pub fn reduce_scatter(
         let (dst, streamed) = match final_out {
             None => (round.output(recv_j, e).0, false),
             Some(f) if last => (f.at, f.streamed),
-            Some(_) => (slot, false),
+            Some(_) => (at, false),
         };
         res.tasks
-            .reduce_to(MAIN, p.dtype, p.op, (dst, own, slot), recv_len, streamed)?;
+            .reduce_to(MAIN, p.dtype, p.op, (dst, own, at), recv_len, streamed)?;
         res.tasks.tx_wait_done(MAIN, ring.next)?;
-        prev_slot = Some(slot);
+        prev_slot = Some(at);
     }
     Ok(())
 }

@@ -724,11 +724,9 @@ impl State {
             v.extend_from_slice(payload);
             Payload::Copied(v)
         });
+        // A kept payload is handed to the slot once the receive is applied (`apply`).
         let s = &mut self.peer(peer).eager[slot];
-        (s.idx, s.tag, s.full) = (h.a, h.b, true);
-        if copy.is_some() {
-            s.payload = copy;
-        }
+        (s.idx, s.tag, s.full, s.payload) = (h.a, h.b, true, copy);
         Ok(())
     }
 
