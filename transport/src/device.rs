@@ -104,6 +104,12 @@ pub trait RmaDevice: Send + Sync {
     /// Delivers the immediate `imm` and byte count `len` to `peer`'s completion slot `slot`,
     /// ordered after every earlier write to that peer.
     fn write_imm(&self, peer: usize, slot: usize, imm: u32, len: u64) -> Result<()>;
+    /// Whether the send in FIFO slot `slot` to `peer` no longer reads its buffer: every write
+    /// of it completed. A device whose writes complete once issued (shared memory, or one
+    /// that copies them out before it returns) keeps the default.
+    fn send_done(&self, _peer: usize, _slot: usize) -> bool {
+        true
+    }
     /// Our completion slot `slot` written by `peer`: `(imm, len)` if `imm & !IMM_ERROR == want`.
     fn poll_imm(&self, peer: usize, slot: usize, want: u32) -> Option<(u32, u64)>;
     /// Largest message sent eagerly (0: the device has no eager slots). Both sides of a link

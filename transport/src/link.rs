@@ -316,8 +316,8 @@ impl LinkDriver for Link {
                     }
                 };
                 if r.is_ready() {
-                    // Device writes are complete once issued (shared memory); a device with
-                    // asynchronous completions would advance this from its completion queue.
+                    // Issued: a device whose writes complete later tells when at
+                    // `tx_wait_done` (`send_done`).
                     self.tx_done.complete(seq);
                 }
                 r
@@ -354,7 +354,8 @@ impl LinkDriver for Link {
                 r
             }
             LinkOp::TxWaitDone { seq } => {
-                if self.tx_done.is_done(seq) {
+                let slot = seq as usize % dev.fifo_depth();
+                if self.tx_done.is_done(seq) && dev.send_done(self.peer, slot) {
                     Poll::Ready(Ok(()))
                 } else {
                     Poll::Pending
@@ -399,5 +400,46 @@ impl LinkDriver for Link {
 
     fn peer_desc(&self) -> String {
         self.dev.peer_desc(self.peer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testdev::PairDevice;
+
+    /// A send whose writes complete after it was issued (as `ofi`'s, on the completion
+    /// queue) is waited for until the device reports them done: its buffer is still read.
+    #[test]
+    fn a_send_completes_when_the_device_says_its_writes_did() {
+        let (a, b) = PairDevice::pair(4, 4096);
+        let dst = b.window_ptr(0);
+        let (a, b) = (Arc::new(a), Arc::new(b));
+        let (to_b, from_a) = (Link::new(a.clone(), 1), Link::new(b.clone(), 0));
+        let src = vec![5u8; 300];
+        let ready = |p: Poll<Result<()>>| matches!(p, Poll::Ready(Ok(())));
+        let mut rx = LinkOp::RxAsync {
+            seq: 0,
+            dst,
+            len: 300,
+            tag: 7,
+        };
+        assert!(ready(from_a.poll_op(&mut rx)));
+        a.hold_sends(true);
+        let mut tx = LinkOp::TxAsync {
+            seq: 0,
+            src: src.as_ptr(),
+            len: 300,
+            tag: 7,
+        };
+        assert!(ready(to_b.poll_op(&mut tx)), "issued");
+        let mut done = LinkOp::TxWaitDone { seq: 0 };
+        assert!(to_b.poll_op(&mut done).is_pending(), "its writes still run");
+        assert!(ready(
+            from_a.poll_op(&mut LinkOp::RxWaitDone { seq: 0, len: 300 })
+        ));
+        a.hold_sends(false);
+        assert!(ready(to_b.poll_op(&mut done)));
+        assert_eq!(b.window(0, 300), src);
     }
 }

@@ -168,6 +168,10 @@ impl RmaDevice for MixedDevice {
         routed!(self, peer, |d, p| d.write_imm(p, slot, imm, len))
     }
 
+    fn send_done(&self, peer: usize, slot: usize) -> bool {
+        routed!(self, peer, |d, p| d.send_done(p, slot))
+    }
+
     fn poll_imm(&self, peer: usize, slot: usize, want: u32) -> Option<(u32, u64)> {
         routed!(self, peer, |d, p| d.poll_imm(p, slot, want))
     }

@@ -2,7 +2,7 @@
 
 use std::cell::UnsafeCell;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use ampccl_runtime::task::CopyTo;
 use ampccl_runtime::{Error, Result};
@@ -38,6 +38,9 @@ unsafe impl Sync for Shared {}
 pub struct PairDevice {
     me: usize,
     shared: Arc<Shared>,
+    /// Our sends' writes count as still reading their buffers ([`RmaDevice::send_done`]), as
+    /// a device's whose writes complete later.
+    sends_held: AtomicBool,
 }
 
 impl PairDevice {
@@ -60,8 +63,13 @@ impl PairDevice {
             PairDevice {
                 me: 0,
                 shared: shared.clone(),
+                sends_held: AtomicBool::new(false),
             },
-            PairDevice { me: 1, shared },
+            PairDevice {
+                me: 1,
+                shared,
+                sends_held: AtomicBool::new(false),
+            },
         )
     }
 
@@ -79,6 +87,11 @@ impl PairDevice {
     pub fn window_ptr(&self, off: usize) -> *mut u8 {
         // SAFETY: tests keep `off` inside the window.
         unsafe { self.base(self.me).0.add(off) }
+    }
+
+    /// Holds our sends incomplete (`true`) until released (`false`).
+    pub fn hold_sends(&self, held: bool) {
+        self.sends_held.store(held, Ordering::Release);
     }
 
     /// Copy of our window bytes.
@@ -149,6 +162,9 @@ impl RmaDevice for PairDevice {
     fn write_imm(&self, peer: usize, slot: usize, imm: u32, len: u64) -> Result<()> {
         *self.side(peer).imm[slot].lock().unwrap() = (imm, len);
         Ok(())
+    }
+    fn send_done(&self, _peer: usize, _slot: usize) -> bool {
+        !self.sends_held.load(Ordering::Acquire)
     }
     fn poll_imm(&self, _peer: usize, slot: usize, want: u32) -> Option<(u32, u64)> {
         let (imm, len) = *self.side(self.me).imm[slot].lock().unwrap();

@@ -426,15 +426,17 @@ impl RmaDevice for OfiDevice {
     fn write_imm(&self, peer: usize, slot: usize, imm: u32, len: u64) -> Result<()> {
         // The immediate names how many writes it completes, so it may overtake them: it
         // leaves at once, and the receiver publishes it once they have all landed.
-        {
-            let mut s = self.lock();
-            let writes = std::mem::take(&mut s.peer(peer).writes[slot]);
-            let h = Header::new(Kind::Imm, slot, imm, writes, len);
-            s.send(peer, &h, &[])
-                .map_err(|why| self.post_err(peer, "an immediate", why))?;
-        }
-        // The writes must have left our buffer before the send counts as complete.
-        self.wait(peer, "a write", |s| s.peer(peer).in_flight == 0)
+        // The writes complete later, on the queue: the send is done once they have
+        // (`send_done`), and the engine goes on meanwhile.
+        let mut s = self.lock();
+        let writes = std::mem::take(&mut s.peer(peer).writes[slot]);
+        let h = Header::new(Kind::Imm, slot, imm, writes, len);
+        s.send(peer, &h, &[])
+            .map_err(|why| self.post_err(peer, "an immediate", why))
+    }
+
+    fn send_done(&self, peer: usize, slot: usize) -> bool {
+        self.polled().peer(peer).pending[slot] == 0
     }
 
     fn poll_imm(&self, peer: usize, slot: usize, want: u32) -> Option<(u32, u64)> {

@@ -18,7 +18,9 @@
 //!   landed;
 //! - the immediate travels as a message naming how many writes it completes: the receive
 //!   completes once both are in, whatever order the provider delivered them in, and the
-//!   region's registration closes;
+//!   region's registration closes. The send leaves with its immediate; its writes complete
+//!   later on the queue, and the send is done (its buffer free) once they all have
+//!   ([`crate::device::RmaDevice::send_done`]), so the engine goes on meanwhile;
 //! - eager messages, credits, acks and failure notes are messages into receives posted for
 //!   any sender; each message names its sender's rank (a message naming no peer is dropped);
 //! - large writes are cut into pieces that go round robin over several endpoints (*rails*,

@@ -80,8 +80,9 @@ pub struct PeerState {
     pub regions: Vec<Option<Mr>>,
     /// Our data writes per slot since its last immediate.
     pub writes: Vec<u32>,
-    /// Our writes and reads to the peer not completed yet.
-    pub in_flight: usize,
+    /// Our data writes per slot not completed yet: the send of that slot still reads its
+    /// buffer ([`crate::device::RmaDevice::send_done`]).
+    pub pending: Vec<u32>,
     /// The peer's failure message.
     pub failed: Option<String>,
     /// Why the peer is unreachable or was cut off.
@@ -111,7 +112,7 @@ impl PeerState {
             acks: 0,
             regions: (0..depth).map(|_| None).collect(),
             writes: vec![0; depth],
-            in_flight: 0,
+            pending: vec![0; depth],
             failed: None,
             dead: None,
             deferred: Vec::new(),

@@ -462,7 +462,8 @@ impl State {
     /// next rail.
     ///
     /// # Safety
-    /// `src` must stay valid for `len` reads until the peer's `in_flight` drops back.
+    /// `src` must stay valid for `len` reads until the peer's `pending` count of the write's
+    /// slot drops back.
     pub unsafe fn write(
         &mut self,
         peer: usize,
@@ -479,7 +480,8 @@ impl State {
             rma,
             mr,
         })?;
-        self.peer(peer).in_flight += 1;
+        let (_, slot) = wire::parse_write_data(rma.2);
+        self.peer(peer).pending[slot] += 1;
         Ok(())
     }
 
@@ -504,7 +506,6 @@ impl State {
             rma,
             mr,
         })?;
-        self.peer(peer).in_flight += 1;
         Ok(id)
     }
 
@@ -572,7 +573,8 @@ impl State {
             return;
         };
         match op.what {
-            What::Write { .. } | What::Read { .. } => self.peer(peer).in_flight -= 1,
+            What::Write { rma, .. } => self.wrote(peer, rma.2),
+            What::Read { .. } => {}
             What::Send { buf, mr, .. } => self.recycle(SendBuf {
                 ctx: op.ctx,
                 buf,
@@ -592,6 +594,13 @@ impl State {
         }
     }
 
+    /// One data write to `peer` with completion data `data` completed: its slot's send has
+    /// one write less reading its buffer.
+    fn wrote(&mut self, peer: usize, data: u64) {
+        let (_, slot) = wire::parse_write_data(data);
+        self.peer(peer).pending[slot] -= 1;
+    }
+
     /// Applies one completion.
     fn apply(&mut self, key: usize, flags: u64, len: usize, data: u64) {
         if flags & sys::FI_REMOTE_CQ_DATA != 0 && flags & sys::FI_RECV == 0 {
@@ -608,11 +617,8 @@ impl State {
                 buf,
                 mr,
             }),
-            What::Write { peer, .. } => self.peer(peer).in_flight -= 1,
-            What::Read { peer, .. } => {
-                self.peer(peer).in_flight -= 1;
-                self.reads_done.push(key);
-            }
+            What::Write { peer, rma, .. } => self.wrote(peer, rma.2),
+            What::Read { .. } => self.reads_done.push(key),
             What::Recv { buf, mr } => {
                 self.receive(&buf[..len.min(buf.len())]);
                 match self.kept.take() {
