@@ -719,20 +719,20 @@ impl State {
         if self.peer(peer).eager[slot].full {
             return Err(format!("an eager message into the full slot {slot}"));
         }
-        if payload.len() >= KEEP_MIN {
+        // A kept payload is handed to the slot once the receive is applied (`apply`).
+        let copied = if payload.len() >= KEEP_MIN {
             if self.kept.is_some() {
                 return Err("two eager messages in one batch".into());
             }
             self.kept = Some((peer, slot, payload.as_ptr() as usize, payload.len()));
-        }
-        let copy = (payload.len() < KEEP_MIN).then(|| {
+            None
+        } else {
             let mut v = self.spare_copies.pop().unwrap_or_default();
             v.extend_from_slice(payload);
-            Payload::Copied(v)
-        });
-        // A kept payload is handed to the slot once the receive is applied (`apply`).
+            Some(Payload::Copied(v))
+        };
         let s = &mut self.peer(peer).eager[slot];
-        (s.idx, s.tag, s.full, s.payload) = (h.a, h.b, true, copy);
+        (s.idx, s.tag, s.full, s.payload) = (h.a, h.b, true, copied);
         Ok(())
     }
 
