@@ -205,6 +205,19 @@ pub fn stripe_count(len: usize, ways: usize, min: usize) -> usize {
     (len / min.max(1)).clamp(1, ways.max(1))
 }
 
+/// The bytes of each stripe but the last when a transfer of `len` bytes is cut as the
+/// clear-to-send's `nreqs` asks (whole cache lines, so stripes do not share one).
+pub fn stripe_len(len: usize, nreqs: u32) -> usize {
+    let n = (nreqs & !CTS_READ).max(1) as usize;
+    len.div_ceil(n).next_multiple_of(64).max(1)
+}
+
+/// Which stripe (from 0) of a transfer of `len` bytes cut as `nreqs` asks starts at byte
+/// `off`: a device that spreads stripes over channels picks the channel from it.
+pub fn stripe_of(off: u64, len: usize, nreqs: u32) -> usize {
+    (off / stripe_len(len, nreqs) as u64) as usize
+}
+
 /// Sends `len` bytes from `src` as send `seq`, once the receiver's clear-to-send is there.
 ///
 /// # Safety
@@ -287,8 +300,7 @@ unsafe fn transfer(
             if offered { "reads" } else { "sends" },
         )));
     }
-    let n = (cts.nreqs & !CTS_READ).max(1) as usize;
-    let stripe = len.div_ceil(n).next_multiple_of(64).max(1);
+    let stripe = stripe_len(len, cts.nreqs);
     let mut off = 0;
     while off < len {
         let piece = stripe.min(len - off);
@@ -386,6 +398,19 @@ pub(crate) mod tests {
         assert_eq!(stripe_count(4 << 20, 1, k), 1);
         assert_eq!(stripe_count(1 << 20, 4, 1), 4, "the smallest minimum");
         assert_eq!(stripe_count(1 << 20, 4, 0), 4, "a zero minimum counts as 1");
+    }
+
+    #[test]
+    fn each_stripe_knows_its_number_from_its_offset() {
+        for (len, nreqs) in [(1000, 1), (1 << 20, 2), ((1 << 20) + 3, 3), (4 << 20, 4)] {
+            let stripe = stripe_len(len, nreqs | CTS_READ);
+            assert_eq!(stripe, stripe_len(len, nreqs), "the read flag is no count");
+            let offs: Vec<usize> = (0..len).step_by(stripe).collect();
+            assert_eq!(offs.len(), nreqs as usize, "{len} bytes in {nreqs}");
+            for (k, off) in offs.into_iter().enumerate() {
+                assert_eq!(stripe_of(off as u64, len, nreqs), k);
+            }
+        }
     }
 
     #[test]

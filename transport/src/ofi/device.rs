@@ -21,6 +21,7 @@ use crate::device::{
 };
 use crate::handback::{Handback, PollMark};
 use crate::oplog::OpLog;
+use crate::protocol;
 use crate::transport::{OpFormatter, Transport};
 
 /// Largest eager payload: one message instead of a clear-to-send, a write and an immediate,
@@ -291,8 +292,12 @@ impl Shared {
             .map_err(|why| self.post_err(peer, "a message", why))
     }
 
-    /// The remote address of `addr` in the region of `peer`'s entry `slot`: checked against
-    /// the entry, as the provider addresses registered memory.
+    /// The remote address of `addr` in the region of `peer`'s entry `slot`, checked against
+    /// the entry, as the provider addresses registered memory; with the region's key and the
+    /// rail of the access. Stripe `k` of a transfer goes on rail `k` (modulo the rails): a
+    /// transfer of one stripe always takes rail 0, so every connection carries a steady
+    /// stream instead of one burst now and then (a paced connection left idle between bursts
+    /// sends the next one slowly: docs/TUNING.md, `AMPCCL_RMA_STRIPE_MIN`).
     fn remote(
         &self,
         s: &mut State,
@@ -300,7 +305,7 @@ impl Shared {
         slot: u32,
         addr: u64,
         len: usize,
-    ) -> Result<(u64, u64)> {
+    ) -> Result<(u64, u64, usize)> {
         let desc = &self.descs[peer];
         let Some(&(entry, rkey)) = s.peer(peer).cts.get(slot as usize) else {
             return Err(Error::Remote(format!(
@@ -315,7 +320,8 @@ impl Shared {
                 entry.size
             )));
         }
-        Ok((if self.virt_addr { addr } else { off }, rkey))
+        let rail = protocol::stripe_of(off, entry.size as usize, entry.nreqs) % self.rails;
+        Ok((if self.virt_addr { addr } else { off }, rkey, rail))
     }
 }
 
@@ -391,11 +397,11 @@ impl RmaDevice for OfiDevice {
             return Ok(());
         }
         let mut s = self.lock();
-        let (raddr, rkey) = self.remote(&mut s, peer, key, addr, len)?;
+        let (raddr, rkey, rail) = self.remote(&mut s, peer, key, addr, len)?;
         let data = wire::write_data(self.rank, key as usize);
         // SAFETY: `src` is valid for `len` reads by contract, and stays so until `write_imm`
         // (which the protocol calls before it lets the buffer go) waits for the write.
-        unsafe { s.write(peer, (src, len), (raddr, rkey, data)) }
+        unsafe { s.write((peer, rail), (src, len), (raddr, rkey, data)) }
             .map_err(|why| self.post_err(peer, "a write", why))?;
         s.peer(peer).writes[key as usize] += 1;
         Ok(())
@@ -415,9 +421,9 @@ impl RmaDevice for OfiDevice {
         }
         let id = {
             let mut s = self.lock();
-            let (raddr, rkey) = self.remote(&mut s, peer, key, addr, len)?;
+            let (raddr, rkey, rail) = self.remote(&mut s, peer, key, addr, len)?;
             // SAFETY: `dst` is valid for `len` writes by contract; we wait for the read below.
-            unsafe { s.read(peer, (dst, len), (raddr, rkey)) }
+            unsafe { s.read((peer, rail), (dst, len), (raddr, rkey)) }
                 .map_err(|why| self.post_err(peer, "a read", why))?
         };
         self.wait(peer, "a read", |s| s.take_read(id))

@@ -23,11 +23,13 @@
 //!   ([`crate::device::RmaDevice::send_done`]), so the engine goes on meanwhile;
 //! - eager messages, credits, acks and failure notes are messages into receives posted for
 //!   any sender; each message names its sender's rank (a message naming no peer is dropped);
-//! - large writes are cut into pieces that go round robin over several endpoints (*rails*,
-//!   `AMPCCL_OFI_RAILS`) of one domain, each with its own connections where the provider
-//!   runs over sockets, all completing on one queue. Over the kernel's TCP connections the
-//!   default follows the host's congestion control ([`setup::rails_for`]): several paced
-//!   (BBR) connections move more than one, unpaced ones (cubic) cost more than one.
+//! - large writes are cut into stripes over several endpoints (*rails*, `AMPCCL_OFI_RAILS`)
+//!   of one domain, each with its own connections where the provider runs over sockets, all
+//!   completing on one queue. Stripe `k` of a transfer goes on rail `k`, so a transfer of
+//!   one stripe always takes rail 0 and each connection carries a steady share instead of a
+//!   burst now and then. Over the kernel's TCP connections the rail count follows the
+//!   host's congestion control ([`setup::rails_for`]): several paced (BBR) connections move
+//!   more than one, unpaced ones (cubic) cost more than one.
 //!
 //! Registration follows the provider's memory-registration mode: regions addressed by virtual
 //! address or by offset, keys the provider or we pick (fresh random-started ones, unique in

@@ -67,8 +67,6 @@ impl EagerSlot {
 pub struct PeerState {
     /// The peer's rails in our address vector (its rail `r` for our rail `r`).
     pub addrs: Vec<FiAddr>,
-    /// The rail of our next write or read to the peer (round robin).
-    rail: usize,
     pub desc: String,
     /// Clear-to-send entries the peer posted, with the key of the region each names.
     pub cts: Vec<(CtsEntry, u64)>,
@@ -103,7 +101,6 @@ impl PeerState {
     pub fn new(addrs: Vec<FiAddr>, desc: String, depth: usize) -> PeerState {
         PeerState {
             addrs,
-            rail: 0,
             desc,
             cts: vec![(CtsEntry::default(), 0); depth],
             imm: (0..depth).map(|_| ImmSlot::default()).collect(),
@@ -128,13 +125,6 @@ impl PeerState {
             tracing::warn!("ofi: {}: {why}", self.desc);
             self.dead = Some(why);
         }
-    }
-
-    /// The rail of our next write or read to the peer.
-    pub fn next_rail(&mut self) -> usize {
-        let rail = self.rail;
-        self.rail = (rail + 1) % self.addrs.len();
-        rail
     }
 
     /// One of the peer's data writes into slot `slot`'s open region landed.

@@ -458,19 +458,18 @@ impl State {
         }
     }
 
-    /// Writes `[src, src+len)` to `peer`'s `(key, addr)` with completion data `data`, on the
-    /// next rail.
+    /// Writes `[src, src+len)` on `rail` to `peer`'s `(key, addr)` with completion data
+    /// `data`.
     ///
     /// # Safety
     /// `src` must stay valid for `len` reads until the peer's `pending` count of the write's
     /// slot drops back.
     pub unsafe fn write(
         &mut self,
-        peer: usize,
+        (peer, rail): (usize, usize),
         (src, len): (*const u8, usize),
         rma: (u64, u64, u64),
     ) -> Result<(), String> {
-        let rail = self.peer(peer).next_rail();
         let mr = self.local(src, len, sys::FI_WRITE)?;
         self.post(What::Write {
             peer,
@@ -485,18 +484,17 @@ impl State {
         Ok(())
     }
 
-    /// Reads `peer`'s `(key, addr)` into `[dst, dst+len)`; the operation's id for
+    /// Reads `peer`'s `(key, addr)` on `rail` into `[dst, dst+len)`; the operation's id for
     /// [`State::take_read`].
     ///
     /// # Safety
     /// `dst` must stay valid for `len` writes until the read completes or the peer dies.
     pub unsafe fn read(
         &mut self,
-        peer: usize,
+        (peer, rail): (usize, usize),
         (dst, len): (*mut u8, usize),
         rma: (u64, u64),
     ) -> Result<usize, String> {
-        let rail = self.peer(peer).next_rail();
         let mr = self.local(dst, len, sys::FI_READ)?;
         let id = self.post(What::Read {
             peer,
