@@ -14,6 +14,7 @@ fn worker_entry() {
         "async_tokio" => async_tokio(),
         "async_block_on" => async_block_on(),
         "destroy" => destroy(),
+        "alternating_shapes" => alternating_shapes(),
         s => Err(format!("unknown scenario {s:?}")),
     });
 }
@@ -203,6 +204,79 @@ fn destroy() -> Outcome {
     })?;
     check_rank_sum(&keep, "allreduce on the surviving clone")?;
     keep.destroy().map_err(err("destroy of the last handle"))
+}
+
+/// Calls of several shapes in turn on one communicator, each result checked: first two
+/// shapes alternating (each call finds its plan among the recent ones), then six in a cycle
+/// (more shapes than the plan cache keeps: every call selects its plan anew).
+fn alternating_shapes() -> Outcome {
+    let c = init_comm()?;
+    let (rank, world) = (c.rank(), c.world());
+    let w = world as i64;
+    let sum_of_ranks = w * (w - 1) / 2;
+    let shape = |k: usize| -> Outcome {
+        match k {
+            0 => {
+                let x = vec![rank as f32 + 1.0; 7];
+                let mut y = vec![0f32; 7];
+                c.all_reduce(&x, &mut y, ReduceOp::Sum)
+                    .map_err(err("allreduce"))?;
+                let want = (w * (w + 1) / 2) as f32;
+                ensure(y.iter().all(|&v| v == want), || {
+                    format!("allreduce sum: {y:?}")
+                })
+            }
+            1 => {
+                let mut b = vec![if rank == world - 1 { 42i64 } else { -1 }; 5];
+                c.broadcast(&mut b, world - 1).map_err(err("broadcast"))?;
+                ensure(b == [42; 5], || format!("broadcast: {b:?}"))
+            }
+            2 => {
+                let mut m = [rank as u8, 200 - rank as u8, 3];
+                c.all_reduce_in_place(&mut m, ReduceOp::Max)
+                    .map_err(err("allreduce max"))?;
+                ensure(m == [world as u8 - 1, 200, 3], || {
+                    format!("allreduce max: {m:?}")
+                })
+            }
+            3 => {
+                let mut g = vec![0i64; 2 * world];
+                c.all_gather(&[rank as i64, -(rank as i64)], &mut g)
+                    .map_err(err("allgather"))?;
+                let ok = (0..world).all(|r| g[2 * r] == r as i64 && g[2 * r + 1] == -(r as i64));
+                ensure(ok, || format!("allgather: {g:?}"))
+            }
+            4 => {
+                let mut r = [rank as i64; 3];
+                c.reduce_in_place(&mut r, ReduceOp::Sum, 0)
+                    .map_err(err("reduce"))?;
+                ensure(rank != 0 || r == [sum_of_ranks; 3], || {
+                    format!("reduce: {r:?}")
+                })
+            }
+            _ => {
+                let x = vec![rank as f32 + 1.0; 7];
+                let mut y = vec![0f32; 7];
+                c.all_reduce(&x, &mut y, ReduceOp::Min)
+                    .map_err(err("allreduce min"))?;
+                ensure(y.iter().all(|&v| v == 1.0), || {
+                    format!("allreduce min: {y:?}")
+                })
+            }
+        }
+    };
+    for i in 0..8 {
+        shape(i % 2)?;
+    }
+    for i in 0..18 {
+        shape(i % 6)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn alternating_shapes_w3() {
+    launch(3, "alternating_shapes", &[]);
 }
 
 #[test]

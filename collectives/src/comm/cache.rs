@@ -1,7 +1,7 @@
 //! The plan cache: resources by `(algorithm, new_tag)`, made from the executor's request at
-//! their first use and reused after (HCCL's resource reuse by tag), and the latest call's plan,
-//! which a loop of calls of one shape (a training step's) takes again without selection or
-//! lookups.
+//! their first use and reused after (HCCL's resource reuse by tag), and the plans of the
+//! latest calls of a few distinct shapes, which a loop of calls (a training step's, a
+//! ping-pong's send and receive) takes again without selection or lookups.
 
 use std::sync::Arc;
 
@@ -25,12 +25,16 @@ pub(super) struct Resources {
     pub(super) scratch: HostBuffer,
 }
 
-/// Resources by algorithm and tag, and the latest call's plan.
+/// How many plans of distinct shapes [`PlanCache`] keeps: a loop alternating up to this many
+/// shapes finds each call's plan without selection.
+const RECENT: usize = 4;
+
+/// Resources by algorithm and tag, and the plans of the latest calls.
 #[derive(Default)]
 pub(super) struct PlanCache {
     resources: FastMap<(&'static str, u64), Arc<Resources>>,
-    /// A loop of calls of one shape skips selection and both lookups.
-    last: Option<Plan>,
+    /// The plans of the latest [`RECENT`] calls of distinct shapes, newest first.
+    recent: Vec<Plan>,
 }
 
 /// What a call runs: the algorithm, its resources and the call's fingerprint.
@@ -69,11 +73,11 @@ impl Shape {
 }
 
 impl CommInner {
-    /// The plan of a call: the latest call's again if `p` has its shape, else selected anew.
+    /// The plan of a call: a recent call's again if `p` has its shape, else selected anew.
     pub(super) fn plan(&self, p: &OpParam, ctx: &SelectCtx) -> Result<Plan> {
         let shape = Shape::of(p);
         let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(plan) = cache.last.as_ref().filter(|l| l.shape == shape) {
+        if let Some(plan) = cache.recent.iter().find(|l| l.shape == shape) {
             return Ok(plan.clone());
         }
         let (entry, new_tag) = self.select(p, operator::for_kind(p.kind), ctx)?;
@@ -84,7 +88,8 @@ impl CommInner {
             res,
             fingerprint: p.fingerprint(),
         };
-        cache.last = Some(plan.clone());
+        cache.recent.truncate(RECENT - 1);
+        cache.recent.insert(0, plan.clone());
         Ok(plan)
     }
 

@@ -193,6 +193,10 @@ pub struct State {
     /// Receive buffers neither posted nor holding an eager message (see
     /// [`super::peer::EagerSlot`]).
     spare_recvs: Vec<RecvBuf>,
+    /// Receives applied but not posted again yet: [`State::progress`] posts them before it
+    /// next reads the queue, so posting one is not between a message's arrival and the
+    /// engine's answer to it.
+    reposts: Vec<Op>,
     /// Buffers for small eager payloads ([`Payload::Copied`]) not in use, empty: a message
     /// allocates nothing.
     spare_copies: Vec<Vec<u8>>,
@@ -233,6 +237,7 @@ impl State {
             reads_done: Vec::new(),
             send_pool: Vec::new(),
             spare_recvs: Vec::new(),
+            reposts: Vec::new(),
             spare_copies: Vec::new(),
             kept: None,
             polled_fresh: false,
@@ -525,15 +530,18 @@ impl State {
         true
     }
 
-    /// Reads and applies every completion ready; whether there was any. A read that returns
-    /// fewer entries than asked for has emptied the queue: reading again would only cost
-    /// another pass through the provider (a system call with socket providers) right when
-    /// something arrived.
+    /// Posts the receives waiting to be posted again, then reads and applies every completion
+    /// ready; whether there was any. A read that returns fewer entries than asked for has
+    /// emptied the queue: reading again would only cost another pass through the provider (a
+    /// system call with socket providers) right when something arrived.
     pub fn progress(&mut self) -> bool {
         const BATCH: usize = 16;
         let mut entries = [const { MaybeUninit::uninit() }; BATCH];
         let mut any = false;
         loop {
+            if !self.reposts.is_empty() {
+                self.post_reposts();
+            }
             match self.ep.poll(&mut entries) {
                 Ok(got) => {
                     any |= !got.is_empty();
@@ -583,12 +591,19 @@ impl State {
         self.peer(peer).kill(format!("is unreachable: {why}"));
     }
 
-    /// Posts a completed receive's buffer again (with its registration, if any) under its
-    /// context.
+    /// Queues a completed receive's buffer (with its registration, if any) to be posted again
+    /// under its context before the queue is read next ([`State::reposts`]).
     fn repost(&mut self, ctx: Box<Context2>, buf: Box<[u8]>, mr: Option<Mr>) {
         let what = What::Recv { buf, mr };
-        if let Err(why) = self.post_op(Op { ctx, what }) {
-            tracing::warn!("ofi: cannot post a receive again: {why}");
+        self.reposts.push(Op { ctx, what });
+    }
+
+    /// Posts the receives [`State::repost`] queued.
+    fn post_reposts(&mut self) {
+        while let Some(op) = self.reposts.pop() {
+            if let Err(why) = self.post_op(op) {
+                tracing::warn!("ofi: cannot post a receive again: {why}");
+            }
         }
     }
 
