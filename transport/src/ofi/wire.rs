@@ -84,15 +84,18 @@ impl Header {
         m
     }
 
-    /// Appends the header and `payload`, as rank `from` sends them, to `out`.
+    /// Appends the header and `payload`, as rank `from` sends them, to `out`: the header is
+    /// built in place and appended once (one capacity check, not one per field).
     pub fn encode_into(&self, out: &mut Vec<u8>, from: usize, payload: &[u8]) {
-        out.extend_from_slice(&(self.kind as u32).to_le_bytes());
-        out.extend_from_slice(&self.slot.to_le_bytes());
-        out.extend_from_slice(&self.a.to_le_bytes());
-        out.extend_from_slice(&self.b.to_le_bytes());
-        out.extend_from_slice(&self.value.to_le_bytes());
-        out.extend_from_slice(&(from as u32).to_le_bytes());
-        out.extend_from_slice(&[0u8; 4]);
+        let mut h = [0u8; HEADER];
+        h[0..4].copy_from_slice(&(self.kind as u32).to_le_bytes());
+        h[4..8].copy_from_slice(&self.slot.to_le_bytes());
+        h[8..12].copy_from_slice(&self.a.to_le_bytes());
+        h[12..16].copy_from_slice(&self.b.to_le_bytes());
+        h[16..24].copy_from_slice(&self.value.to_le_bytes());
+        h[24..28].copy_from_slice(&(from as u32).to_le_bytes());
+        out.reserve(HEADER + payload.len());
+        out.extend_from_slice(&h);
         out.extend_from_slice(payload);
     }
 }
