@@ -320,7 +320,8 @@ impl Shared {
                 entry.size
             )));
         }
-        let rail = protocol::stripe_of(off, entry.size as usize, entry.nreqs) % self.rails;
+        let rails = s.peer(peer).addrs.len().max(1);
+        let rail = protocol::stripe_of(off, entry.size as usize, entry.nreqs) % rails;
         Ok((if self.virt_addr { addr } else { off }, rkey, rail))
     }
 }
