@@ -88,10 +88,10 @@ impl Header {
     /// built in place and appended once (one capacity check, not one per field).
     pub fn encode_into(&self, out: &mut Vec<u8>, from: usize, payload: &[u8]) {
         let mut h = [0u8; HEADER];
-        h[0..4].copy_from_slice(&(self.kind as u32).to_le_bytes());
-        h[4..8].copy_from_slice(&self.slot.to_le_bytes());
-        h[8..12].copy_from_slice(&self.a.to_le_bytes());
-        h[12..16].copy_from_slice(&self.b.to_le_bytes());
+        let words = [self.kind as u32, self.slot, self.a, self.b];
+        for (at, w) in h.chunks_exact_mut(4).zip(words) {
+            at.copy_from_slice(&w.to_le_bytes());
+        }
         h[16..24].copy_from_slice(&self.value.to_le_bytes());
         h[24..28].copy_from_slice(&(from as u32).to_le_bytes());
         out.reserve(HEADER + payload.len());
