@@ -34,16 +34,12 @@ use ampccl_runtime::sync::{AtomicU32, Ordering};
 use ampccl_runtime::{Error, Result};
 
 use crate::device::{CtsEntry, IMM_ERROR, RmaDevice};
-use crate::protocol::{at_least, idx_of, len_mismatch, op_mismatch};
+use crate::protocol::{at_least, idx_of, len_mismatch, op_mismatch, slot_of};
 
 /// Whether a message of `len` bytes travels eagerly over `dev`.
 pub fn is_eager(dev: &dyn RmaDevice, len: usize) -> bool {
     let max = dev.eager_max();
     max > 0 && len <= max
-}
-
-fn slot_of(dev: &dyn RmaDevice, seq: u32) -> usize {
-    (seq % dev.fifo_depth() as u32) as usize
 }
 
 /// Posts eager receive `seq` of `len` bytes once `slot_free` (as [`crate::protocol::post_recv`]):

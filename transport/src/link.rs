@@ -261,7 +261,7 @@ impl Link {
             return Ok(());
         };
         let next_send = self.tx.issued.load(Ordering::Relaxed);
-        let slot = next_send as usize % self.dev.fifo_depth();
+        let slot = protocol::slot_of(&*self.dev, next_send);
         let Some(cts) = self
             .dev
             .poll_cts(self.peer, slot, protocol::idx_of(next_send))
@@ -354,8 +354,9 @@ impl LinkDriver for Link {
                 r
             }
             LinkOp::TxWaitDone { seq } => {
-                let slot = seq as usize % dev.fifo_depth();
-                if self.tx_done.is_done(seq) && dev.send_done(self.peer, slot) {
+                if self.tx_done.is_done(seq)
+                    && dev.send_done(self.peer, protocol::slot_of(dev, seq))
+                {
                     Poll::Ready(Ok(()))
                 } else {
                     Poll::Pending

@@ -43,6 +43,12 @@ pub fn idx_of(seq: u32) -> u32 {
     seq.wrapping_add(1) & SEQ_MASK
 }
 
+/// The FIFO slot of operation `seq` on `dev` (its clear-to-send entry, completion slot, eager
+/// slot and credit word).
+pub(crate) fn slot_of(dev: &dyn RmaDevice, seq: u32) -> usize {
+    (seq % dev.fifo_depth() as u32) as usize
+}
+
 /// Posts receive `seq` for `len` bytes at `dst` once `slot_free`: receive `seq - depth`, the
 /// previous user of slot `seq % depth` (its CTS entry and its completion slot), has completed.
 /// The caller tracks that per slot (see [`SlotTracker`]): receives on different streams may
@@ -102,7 +108,6 @@ fn post(
     tag: u32,
     way: Way,
 ) -> Poll<Result<()>> {
-    let depth = dev.fifo_depth() as u32;
     if !slot_free {
         return Poll::Pending;
     }
@@ -132,7 +137,7 @@ fn post(
         tag,
         idx: idx_of(seq),
     };
-    Poll::Ready(dev.post_cts(peer, (seq % depth) as usize, &entry))
+    Poll::Ready(dev.post_cts(peer, slot_of(dev, seq), &entry))
 }
 
 /// Per-slot completion record of one direction of a link: operation `seq` may reuse slot
@@ -267,7 +272,7 @@ unsafe fn transfer(
     tag: u32,
     read: Option<CopyTo>,
 ) -> Poll<Result<()>> {
-    let slot = (seq % dev.fifo_depth() as u32) as usize;
+    let slot = slot_of(dev, seq);
     let Some(cts) = dev.poll_cts(peer, slot, idx_of(seq)) else {
         return Poll::Pending;
     };
@@ -349,7 +354,7 @@ pub(crate) fn len_mismatch(dev: &dyn RmaDevice, peer: usize, got: u64, len: usiz
 /// Completes receive `seq` once its immediate has arrived; it must carry exactly `len` bytes.
 /// Then frees the slot for the sender (credit).
 pub fn poll_recv(dev: &dyn RmaDevice, peer: usize, seq: u32, len: usize) -> Poll<Result<()>> {
-    let slot = (seq % dev.fifo_depth() as u32) as usize;
+    let slot = slot_of(dev, seq);
     let Some((imm, got)) = dev.poll_imm(peer, slot, idx_of(seq)) else {
         // A small message where this rank expects a large one: the sender used the eager
         // variant and will never look at our clear-to-send.
