@@ -1,6 +1,6 @@
 //! [`OfiDevice`]: the connected `ofi` provider ([`super::connect`]) and its RMA device and
-//! transport interfaces, and the progress thread that drives the endpoint while the engine
-//! does not.
+//! transport interfaces, over the state it shares with its progress thread
+//! ([`super::progress`]).
 
 use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -13,6 +13,7 @@ use ampccl_runtime::mem::HostBuffer;
 use ampccl_runtime::task::CopyTo;
 use ampccl_runtime::{Error, Result};
 
+use super::progress;
 use super::state::State;
 use super::sys;
 use super::wire::{self, Header, Kind};
@@ -42,17 +43,6 @@ pub fn eager_max(provider: &str) -> usize {
     }
 }
 
-/// How often the progress thread sends each peer a liveness message: a send to a dead peer
-/// fails, which is how its death shows within about a second.
-const PING_EVERY: Duration = Duration::from_millis(300);
-/// Longest sleep of the progress thread on the completion queue's descriptor.
-const IDLE_WAIT_MS: i32 = 100;
-/// How often the progress thread looks whether the engine still polls, while it does (with
-/// manual progress, a peer's writes move only while somebody reads our queue: an engine busy
-/// elsewhere leaves them to the thread after [`crate::handback::ENGINE_GRACE`] and this; so
-/// does libfabric 2.x's `tcp`, which reports automatic progress but, with a wait object on
-/// the queue, ran no thread of its own in a profile of a ping-pong).
-const ENGINE_RECHECK_MS: i32 = 1;
 /// How long closing waits for our last messages to leave.
 const FLUSH_WAIT: Duration = Duration::from_millis(500);
 /// The `ofi` provider connected to every peer of a communicator: what it shares with its
@@ -68,108 +58,32 @@ pub struct OfiDevice {
 
 /// The device's state, shared with its progress thread.
 pub struct Shared {
-    rank: usize,
+    pub(super) rank: usize,
     depth: usize,
     rails: usize,
     /// The state's `eager_max`, read here without the lock.
     eager_max: usize,
     state: Mutex<State>,
     descs: Vec<String>,
-    wait_fd: Option<i32>,
+    pub(super) wait_fd: Option<i32>,
     virt_addr: bool,
-    bell: Doorbell,
+    pub(super) bell: Doorbell,
     /// The engine's polls of the endpoint, and its word before it sleeps
     /// ([`crate::handback`]): the progress thread reads the queue only while nobody polls.
-    polled: PollMark,
-    handback: Handback,
+    pub(super) polled: PollMark,
+    pub(super) handback: Handback,
     window: HostBuffer,
     failed: AtomicBool,
     ops: OpLog,
     timeout: Duration,
     /// Set when the device drops: the progress thread ends.
-    stop: AtomicBool,
+    pub(super) stop: AtomicBool,
 }
 
 impl std::ops::Deref for OfiDevice {
     type Target = Shared;
     fn deref(&self) -> &Shared {
         &self.shared
-    }
-}
-
-/// Blocks until one of `fds` is readable or `ms` pass.
-fn block(fds: &[i32], ms: i32) {
-    let mut fds: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    // SAFETY: `fds` are valid pollfds for the call; the kernel holds its own reference to
-    // each descriptor's file while it waits.
-    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-}
-
-/// Blocks until the completion queue's descriptor `cq` is readable or `ms` pass (without a
-/// queue descriptor, a sleep of at most a millisecond: the provider then only moves when
-/// polled).
-fn block_on_queue(cq: Option<i32>, also: &[i32], ms: i32) {
-    match cq {
-        Some(fd) => block(&[&[fd], also].concat(), ms),
-        None => block(also, ms.clamp(0, 1)),
-    }
-}
-
-/// Drives the endpoint while the engine does not: reads completions (so that peers' writes
-/// land and the engine's waiters wake: it rings the doorbell when something arrived) and
-/// otherwise blocks on the completion queue's descriptor and the engine's [`Handback`]. While
-/// the engine polls the endpoint itself, or anyone holds the state's lock (the engine inside a
-/// long call: a large `fi_writedata` is one `sendmsg` of hundreds of microseconds with socket
-/// providers), the thread leaves the queue alone and waits for the engine's word: contending
-/// for the lock would only trade the endpoint between two threads on a small host. Either way
-/// it sends the liveness messages. Ends once the device drops (`stop`, then the word: read
-/// after the word is taken, so neither is missed).
-fn progress_thread(d: Arc<Shared>) {
-    let mut last_ping = Instant::now();
-    loop {
-        d.handback.take();
-        if d.stop.load(Ordering::Acquire) {
-            return;
-        }
-        let ping = last_ping.elapsed() >= PING_EVERY;
-        let engine = d.polled.recent();
-        let state = if engine && !ping { None } else { d.try_lock() };
-        let (any, may_block, busy) = match state {
-            None => (false, true, true),
-            Some(mut s) => {
-                let any = !engine && s.progress();
-                if ping {
-                    last_ping = Instant::now();
-                    for peer in (0..s.peers.len()).filter(|&p| p != d.rank) {
-                        if s.peer(peer).dead.is_none()
-                            && let Err(why) =
-                                s.send(peer, &Header::new(Kind::Ping, 0, 0, 0, 0), &[])
-                        {
-                            s.peer(peer).kill(format!("is unreachable: {why}"));
-                        }
-                    }
-                }
-                (any, engine || (!any && s.ep.trywait()), engine)
-            }
-        };
-        if any {
-            d.bell.ring();
-        }
-        let (cq, word) = (d.wait_fd, d.handback.fd());
-        if may_block {
-            if busy {
-                block(&[word], ENGINE_RECHECK_MS);
-            } else {
-                block_on_queue(cq, &[word], IDLE_WAIT_MS);
-            }
-        }
     }
 }
 
@@ -206,7 +120,7 @@ impl OfiDevice {
         let theirs = shared.clone();
         let progress = std::thread::Builder::new()
             .name("ampccl-ofi-progress".into())
-            .spawn(move || progress_thread(theirs))
+            .spawn(move || progress::progress_thread(theirs))
             .map_err(|e| Error::system("ofi: spawn the progress thread", e))?;
         Ok(Arc::new(OfiDevice {
             shared: ManuallyDrop::new(shared),
@@ -221,7 +135,7 @@ impl Shared {
     }
 
     /// The state if nobody holds it.
-    fn try_lock(&self) -> Option<MutexGuard<'_, State>> {
+    pub(super) fn try_lock(&self) -> Option<MutexGuard<'_, State>> {
         match self.state.try_lock() {
             Ok(s) => Some(s),
             Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
@@ -280,7 +194,7 @@ impl Shared {
                 )));
             }
             if may_block {
-                block_on_queue(self.wait_fd, &[], 1);
+                progress::block_on_queue(self.wait_fd, &[], 1);
             }
         }
     }
@@ -580,7 +494,7 @@ impl Drop for OfiDevice {
                 break;
             }
             drop(s);
-            block_on_queue(self.wait_fd, &[], 1);
+            progress::block_on_queue(self.wait_fd, &[], 1);
         }
         self.stop.store(true, Ordering::Release);
         self.handback.give();

@@ -52,7 +52,10 @@
 
 mod device;
 mod fabric;
+mod incoming;
+mod outgoing;
 mod peer;
+mod progress;
 mod setup;
 mod state;
 mod sys;

@@ -43,7 +43,7 @@ pub enum Payload {
 
 /// An eager slot: message `idx` with `tag` and its payload while `full`. A peer costs only
 /// the messages it has waiting, each at most about four times its size
-/// ([`super::state::KEEP_MIN`]).
+/// ([`super::incoming::KEEP_MIN`]).
 #[derive(Default)]
 pub struct EagerSlot {
     pub idx: u32,
@@ -86,7 +86,7 @@ pub struct PeerState {
     /// Why the peer is unreachable or was cut off.
     pub dead: Option<String>,
     /// Messages nobody waits for yet (credits, the clear-to-send entries of eager receives),
-    /// as a [`Kind::Batch`] payload: they leave with the next message to the peer, or once
+    /// as a [`super::wire::Kind::Batch`] payload: they leave with the next message to the peer, or once
     /// the engine has idled [`crate::hold::HOLD`] or is about to sleep
     /// ([`super::state::State::flush`]).
     pub deferred: Vec<u8>,

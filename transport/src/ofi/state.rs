@@ -1,15 +1,16 @@
 //! What the `ofi` provider keeps under its one lock: the endpoint, the operations posted to it
 //! (each owning its libfabric context and buffer until its completion, with the provider's
-//! backlog when it is busy), the pool of message buffers ([`SendBuf`]), and per peer
+//! backlog when it is busy), the pools of message and receive buffers, and per peer
 //! ([`super::peer`]) the state that completions deliver plus what validates the peer's
 //! traffic: the registration each posted clear-to-send opened, which the transfer's immediate
 //! closes again.
 //!
-//! [`State::progress`] reads the completion queue, which also drives the provider's progress:
-//! with manual data progress, a peer's writes land in our memory only while we read our
-//! queue. A message is decoded and checked ([`super::wire`]) before it touches the state; a
-//! write completion must name a slot whose region is open. Anything else marks that peer dead
-//! with a message naming it, which every wait on the peer then reports.
+//! This file holds the operations' life: posting (or queueing while the provider is busy),
+//! and [`State::progress`], which reads the completion queue and applies each completion. That
+//! read also drives the provider: with manual data progress, a peer's writes land in our
+//! memory only while we read our queue. The messages we send are built and batched in
+//! [`super::outgoing`]; what a completed receive or a landed write carries is checked and
+//! delivered in [`super::incoming`].
 
 use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
@@ -18,10 +19,10 @@ use std::mem::MaybeUninit;
 use std::time::{Duration, Instant};
 
 use super::fabric::{self, Endpoint, Mr};
+use super::outgoing::SendBuf;
 use super::peer::{Payload, PeerState, RecvBuf};
 use super::sys::{self, Context2, FiAddr};
-use super::wire::{self, Header, Kind};
-use crate::device::CtsEntry;
+use super::wire;
 
 /// Receives kept posted per peer, up to [`RECVS_MAX`] in all (a message beyond them waits in
 /// the provider's unexpected queue, so the number only bounds the copies in flight).
@@ -40,7 +41,7 @@ pub const STUCK: Duration = Duration::from_secs(1);
 
 /// What a posted operation is: what it needs to be posted (again, after the provider said
 /// it was busy) and, at its completion, what to do.
-enum What {
+pub(super) enum What {
     /// A receive from any peer into `buf` (registered where the provider asks).
     Recv { buf: Box<[u8]>, mr: Option<Mr> },
     /// The message in `buf` to `peer`; the buffer lives until sent.
@@ -133,28 +134,9 @@ impl What {
 }
 
 /// A posted operation: its context (whose address identifies it) and what it is.
-struct Op {
-    ctx: Box<Context2>,
-    what: What,
-}
-
-/// Most message buffers kept for reuse.
-const SEND_POOL: usize = 64;
-/// Most spare receive buffers (and buffers for small payloads) kept for reuse (more are
-/// freed): as many as eager messages usually wait at once, across all peers.
-const SPARE_RECVS: usize = 64;
-/// Smallest eager payload that waits in the receive buffer it arrived in (a quarter of the
-/// largest: a waiting message holds at most four times its size); smaller ones are copied
-/// out, which costs less than half a microsecond below it.
-pub const KEEP_MIN: usize = 8 << 10;
-
-/// A message buffer ([`wire::msg_max`] bytes of capacity, registered where the provider asks)
-/// with a context to send it under: kept for the next message once its send completed, so a
-/// message costs no allocation.
-struct SendBuf {
-    ctx: Box<Context2>,
-    buf: Vec<u8>,
-    mr: Option<Mr>,
+pub(super) struct Op {
+    pub ctx: Box<Context2>,
+    pub what: What,
 }
 
 /// Hashes the keys of the op table: context addresses, distinct by construction, so one
@@ -189,22 +171,22 @@ pub struct State {
     /// Reads completed, by context address, until their waiter takes them.
     reads_done: Vec<usize>,
     /// Message buffers not in use (see [`SendBuf`]).
-    send_pool: Vec<SendBuf>,
+    pub(super) send_pool: Vec<SendBuf>,
     /// Receive buffers neither posted nor holding an eager message (see
     /// [`super::peer::EagerSlot`]).
-    spare_recvs: Vec<RecvBuf>,
+    pub(super) spare_recvs: Vec<RecvBuf>,
     /// Receives applied but not posted again yet: [`State::progress`] posts them before it
     /// next reads the queue, so posting one is not between a message's arrival and the
     /// engine's answer to it.
     reposts: Vec<Op>,
     /// Buffers for small eager payloads ([`Payload::Copied`]) not in use, empty: a message
     /// allocates nothing.
-    spare_copies: Vec<Vec<u8>>,
+    pub(super) spare_copies: Vec<Vec<u8>>,
     /// The eager message of the receive being applied: `(peer, slot, payload address, len)`.
     /// It stays in the receive's buffer, which goes to the slot once the receive is applied.
-    kept: Option<(usize, usize, usize, usize)>,
+    pub(super) kept: Option<(usize, usize, usize, usize)>,
     /// Our rank, which every message names.
-    rank: usize,
+    pub(super) rank: usize,
     pub depth: usize,
     pub eager_max: usize,
     pub ep: Endpoint,
@@ -281,7 +263,7 @@ impl State {
     }
 
     /// As [`State::post`] with the context `op` brings (that of a completed operation).
-    fn post_op(&mut self, mut op: Op) -> Result<usize, String> {
+    pub(super) fn post_op(&mut self, mut op: Op) -> Result<usize, String> {
         let key = &mut *op.ctx as *mut Context2 as usize;
         let to = self.target(&op.what)?;
         let peer = op.what.peer();
@@ -348,7 +330,12 @@ impl State {
     }
 
     /// Registers `[ptr, ptr + len)` for our own operations' `access` where the provider asks.
-    fn local(&mut self, ptr: *const u8, len: usize, access: u64) -> Result<Option<Mr>, String> {
+    pub(super) fn local(
+        &mut self,
+        ptr: *const u8,
+        len: usize,
+        access: u64,
+    ) -> Result<Option<Mr>, String> {
         if !self.ep.caps.local_mr {
             return Ok(None);
         }
@@ -359,108 +346,6 @@ impl State {
     pub fn post_recv(&mut self, buf: Box<[u8]>) -> Result<(), String> {
         let mr = self.local(buf.as_ptr(), buf.len(), sys::FI_RECV)?;
         self.post(What::Recv { buf, mr }).map(drop)
-    }
-
-    /// A buffer for a message of `len` bytes: one of the pool, or a new one.
-    fn send_buf(&mut self, len: usize) -> Result<SendBuf, String> {
-        let msg_max = wire::msg_max(self.eager_max);
-        if len > msg_max {
-            return Err(format!("a message of {len} bytes (at most {msg_max})"));
-        }
-        if let Some(mut b) = self.send_pool.pop() {
-            b.buf.clear();
-            return Ok(b);
-        }
-        // Never grown past its capacity (`len` is checked above), so a registration of the
-        // capacity covers every message built in it.
-        let buf = Vec::with_capacity(msg_max);
-        let mr = self.local(buf.as_ptr(), msg_max, sys::FI_SEND)?;
-        Ok(SendBuf {
-            ctx: Box::default(),
-            buf,
-            mr,
-        })
-    }
-
-    /// Keeps a buffer whose send completed for the next message.
-    fn recycle(&mut self, b: SendBuf) {
-        if self.send_pool.len() < SEND_POOL {
-            self.send_pool.push(b);
-        }
-    }
-
-    /// Posts the message built in `b` to `peer`.
-    fn post_send(&mut self, peer: usize, b: SendBuf) -> Result<(), String> {
-        let SendBuf { ctx, buf, mr } = b;
-        let what = What::Send { peer, buf, mr };
-        self.post_op(Op { ctx, what }).map(drop)
-    }
-
-    /// Sends `h` with `payload` to `peer`, in one batch with the messages deferred to it when
-    /// they fit together (always, from [`wire::msg_max`]'s receives).
-    pub fn send(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
-        let rank = self.rank;
-        let batch_max = wire::msg_max(self.eager_max) - wire::HEADER;
-        let deferred = self.peer(peer).deferred.len();
-        if deferred > 0 && deferred + wire::batched_len(payload.len()) > batch_max {
-            self.flush_peer(peer)?;
-        }
-        let len = match self.peer(peer).deferred.len() {
-            0 => wire::HEADER + payload.len(),
-            d => wire::HEADER + d + wire::batched_len(payload.len()),
-        };
-        let mut b = self.send_buf(len)?;
-        let p = self.peer(peer);
-        if p.deferred.is_empty() {
-            h.encode_into(&mut b.buf, rank, payload);
-        } else {
-            wire::batch_into(&mut b.buf, rank, &p.deferred, Some((h, payload)));
-            p.deferred.clear();
-            p.held.clear();
-        }
-        self.post_send(peer, b)
-    }
-
-    /// Defers `h` with `payload` to `peer` (see [`PeerState`]'s `deferred`).
-    pub fn defer(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
-        if self.peer(peer).deferred.len() + wire::batched_len(payload.len()) > wire::DEFER_MAX {
-            self.flush_peer(peer)?;
-        }
-        let rank = self.rank;
-        let p = self.peer(peer);
-        wire::push_batch(&mut p.deferred, h, rank, payload);
-        p.held.note();
-        Ok(())
-    }
-
-    /// Sends what is deferred to `peer`, as one message (the deferral's buffer stays).
-    fn flush_peer(&mut self, peer: usize) -> Result<(), String> {
-        let rank = self.rank;
-        let p = self.peer(peer);
-        p.held.clear();
-        if p.deferred.is_empty() {
-            return Ok(());
-        }
-        let len = wire::HEADER + p.deferred.len();
-        let mut b = self.send_buf(len)?;
-        let p = self.peer(peer);
-        wire::batch_into(&mut b.buf, rank, &p.deferred, None);
-        p.deferred.clear();
-        self.post_send(peer, b)
-    }
-
-    /// Sends what is deferred to every peer (`all`), or to those whose oldest deferred
-    /// message has waited [`crate::hold::HOLD`]. A peer that is gone needs none of it.
-    pub fn flush(&mut self, all: bool) {
-        for peer in 0..self.peers.len() {
-            let due = match self.peers[peer].as_mut() {
-                Some(p) if !p.deferred.is_empty() => all || p.held.due(),
-                _ => false,
-            };
-            if due {
-                let _ = self.flush_peer(peer);
-            }
-        }
     }
 
     /// Writes `[src, src+len)` on `rail` to `peer`'s `(key, addr)` with completion data
@@ -593,7 +478,7 @@ impl State {
 
     /// Queues a completed receive's buffer (with its registration, if any) to be posted again
     /// under its context before the queue is read next ([`State::reposts`]).
-    fn repost(&mut self, ctx: Box<Context2>, buf: Box<[u8]>, mr: Option<Mr>) {
+    pub(super) fn repost(&mut self, ctx: Box<Context2>, buf: Box<[u8]>, mr: Option<Mr>) {
         let what = What::Recv { buf, mr };
         self.reposts.push(Op { ctx, what });
     }
@@ -645,149 +530,5 @@ impl State {
                 }
             }
         }
-    }
-
-    /// Posts a spare receive buffer (a new one when none is left) in place of one that holds
-    /// an eager message now.
-    fn post_spare(&mut self, ctx: Box<Context2>) {
-        let spare = match self.spare_recvs.pop() {
-            Some(b) => Ok(b),
-            None => {
-                let buf = vec![0u8; wire::msg_max(self.eager_max)].into_boxed_slice();
-                self.local(buf.as_ptr(), buf.len(), sys::FI_RECV)
-                    .map(|mr| RecvBuf { buf, mr })
-            }
-        };
-        match spare {
-            Ok(RecvBuf { buf, mr }) => self.repost(ctx, buf, mr),
-            Err(why) => tracing::warn!("ofi: cannot register a receive buffer: {why}"),
-        }
-    }
-
-    /// A peer's data write landed in our memory: count it for its slot.
-    fn landed(&mut self, data: u64) {
-        let (rank, slot) = wire::parse_write_data(data);
-        let depth = self.depth;
-        let Some(Some(p)) = self.peers.get_mut(rank) else {
-            tracing::warn!("ofi: a write naming rank {rank}, not a peer");
-            return;
-        };
-        if slot >= depth || p.regions[slot].is_none() {
-            p.kill(format!(
-                "protocol violation: a write for slot {slot}, which is not open"
-            ));
-            return;
-        }
-        p.write_landed(slot);
-    }
-
-    /// Checks and applies a received message: a peer whose message is wrong is cut off; one
-    /// that names no peer of ours is dropped (nobody to blame for it).
-    fn receive(&mut self, msg: &[u8]) {
-        let decoded = wire::decode(msg, self.depth, self.eager_max)
-            .ok()
-            .filter(|(h, _)| self.peers.get(h.from as usize).is_some_and(Option::is_some));
-        let Some((h, payload)) = decoded else {
-            tracing::warn!("ofi: dropped a message of {} bytes from no peer", msg.len());
-            return;
-        };
-        let peer = h.from as usize;
-        if let Err(why) = self.receive_from(peer, &h, payload) {
-            self.peer(peer).kill(why);
-        }
-    }
-
-    /// Applies message `h` with `payload` from `peer` (each message of a batch in turn); what
-    /// is wrong with it.
-    fn receive_from(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
-        if h.kind != Kind::Batch {
-            return self
-                .deliver(peer, h, payload)
-                .map_err(|w| format!("protocol violation: {w}"));
-        }
-        for inner in wire::split_batch(payload) {
-            let inner = inner.map_err(|w| format!("sent {w}"))?;
-            let (h, payload) =
-                wire::decode(inner, self.depth, self.eager_max).map_err(|w| format!("sent {w}"))?;
-            if h.from as usize != peer {
-                return Err(format!("sent a batch naming rank {} inside", h.from));
-            }
-            self.deliver(peer, &h, payload)
-                .map_err(|w| format!("protocol violation: {w}"))?;
-        }
-        Ok(())
-    }
-
-    /// Fills eager slot `slot` of `peer` with message `h`: a `payload` from [`KEEP_MIN`]
-    /// stays in the receive's buffer ([`State::kept`]), a smaller one is copied out. A
-    /// receive carries at most one eager message (a batch holds credits and clear-to-send
-    /// entries, and one more message).
-    fn store_eager(
-        &mut self,
-        peer: usize,
-        slot: usize,
-        h: &Header,
-        payload: &[u8],
-    ) -> Result<(), String> {
-        if self.peer(peer).eager[slot].full {
-            return Err(format!("an eager message into the full slot {slot}"));
-        }
-        // A kept payload is handed to the slot once the receive is applied (`apply`).
-        let copied = if payload.len() >= KEEP_MIN {
-            if self.kept.is_some() {
-                return Err("two eager messages in one batch".into());
-            }
-            self.kept = Some((peer, slot, payload.as_ptr() as usize, payload.len()));
-            None
-        } else {
-            let mut v = self.spare_copies.pop().unwrap_or_default();
-            v.extend_from_slice(payload);
-            Some(Payload::Copied(v))
-        };
-        let s = &mut self.peer(peer).eager[slot];
-        (s.idx, s.tag, s.full, s.payload) = (h.a, h.b, true, copied);
-        Ok(())
-    }
-
-    /// Empties eager slot `slot` of `peer` (its receiver has the message), keeping the
-    /// buffer as a spare while there are few.
-    pub fn release_eager(&mut self, peer: usize, slot: usize) {
-        let s = &mut self.peer(peer).eager[slot];
-        s.full = false;
-        match s.payload.take() {
-            Some(Payload::Kept(b, _)) if self.spare_recvs.len() < SPARE_RECVS => {
-                self.spare_recvs.push(b);
-            }
-            Some(Payload::Copied(mut v)) if self.spare_copies.len() < SPARE_RECVS => {
-                v.clear();
-                self.spare_copies.push(v);
-            }
-            _ => {}
-        }
-    }
-
-    /// Applies a decoded message from `peer`.
-    fn deliver(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
-        let p = self.peer(peer);
-        let slot = h.slot as usize;
-        match h.kind {
-            Kind::Cts => {
-                let entry = CtsEntry {
-                    key: h.slot,
-                    ..wire::decode_cts(payload)
-                };
-                p.cts[slot] = (entry, h.value);
-            }
-            Kind::Imm => p.immediate(slot, (h.a, h.b, h.value))?,
-            Kind::Eager => return self.store_eager(peer, slot, h, payload),
-            Kind::Credit => p.credits[slot] = h.a,
-            Kind::Ack => p.acks = p.acks.wrapping_add(1),
-            Kind::Fail => {
-                p.failed
-                    .get_or_insert_with(|| String::from_utf8_lossy(payload).into_owned());
-            }
-            Kind::Ping | Kind::Batch => {}
-        }
-        Ok(())
     }
 }

@@ -60,7 +60,7 @@ pub struct Header {
     pub a: u32,
     pub b: u32,
     pub value: u64,
-    /// The sending rank (set by [`Header::encode`]'s caller, checked by the receiver).
+    /// The sending rank (set by [`Header::encode_into`]'s caller, checked by the receiver).
     pub from: u32,
 }
 

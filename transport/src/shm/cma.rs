@@ -67,7 +67,7 @@ pub fn write(pid: u32, local: &[u8], remote_addr: usize) -> Result<()> {
 
 /// Copies `local.len()` bytes from address `remote_addr` of process `pid` into `local`.
 ///
-/// Same splitting, resumption and errors as [`write`] (reading one's own pid is allowed).
+/// Same splitting, resumption and errors as [`write()`] (reading one's own pid is allowed).
 pub fn read(pid: u32, local: &mut [u8], remote_addr: usize) -> Result<()> {
     read_chunked(pid, local, remote_addr, MAX_CHUNK)
 }

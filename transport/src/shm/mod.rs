@@ -3,7 +3,7 @@
 //! - [`segment`]: POSIX shared-memory segments (0600, unguessable names, unlinked once mapped,
 //!   stale ones swept);
 //! - [`cma`]: cross-memory attach (`process_vm_writev`) and its probe;
-//! - [`layout`]: what a rank's segment holds; [`connect`]: setup; [`device`]: the data path
+//! - [`layout`]: what a rank's segment holds; [`mod@connect`]: setup; [`device`]: the data path
 //!   (an [`RmaDevice`](crate::device::RmaDevice));
 //! - [`shared`]: user buffers in memory peers map ([`SharedMem`]), reached with plain copies.
 

@@ -1,0 +1,170 @@
+//! The messages and writes the `ofi` provider receives: a completed receive's message is
+//! decoded and checked ([`super::wire`]) before it touches a peer's state, then delivered
+//! (each message of a batch in turn) into that peer's FIFO entries, completion slots, eager
+//! slots, credits and failure note ([`super::peer`]); a write's completion data must name a
+//! slot whose region is open. A peer whose traffic is wrong is cut off with a message naming
+//! what was wrong; a message that names no peer of ours is dropped.
+//!
+//! An eager payload from [`KEEP_MIN`] bytes waits in the receive buffer it arrived in (a
+//! spare buffer is posted in its place); a smaller one is copied out, so the buffer is posted
+//! again at once.
+
+use super::peer::{Payload, RecvBuf};
+use super::state::State;
+use super::sys::{self, Context2};
+use super::wire::{self, Header, Kind};
+use crate::device::CtsEntry;
+
+/// Most spare receive buffers (and buffers for small payloads) kept for reuse (more are
+/// freed): as many as eager messages usually wait at once, across all peers.
+const SPARE_RECVS: usize = 64;
+/// Smallest eager payload that waits in the receive buffer it arrived in (a quarter of the
+/// largest: a waiting message holds at most four times its size); smaller ones are copied
+/// out, which costs less than half a microsecond below it.
+pub const KEEP_MIN: usize = 8 << 10;
+
+impl State {
+    /// Posts a spare receive buffer (a new one when none is left) in place of one that holds
+    /// an eager message now.
+    pub(super) fn post_spare(&mut self, ctx: Box<Context2>) {
+        let spare = match self.spare_recvs.pop() {
+            Some(b) => Ok(b),
+            None => {
+                let buf = vec![0u8; wire::msg_max(self.eager_max)].into_boxed_slice();
+                self.local(buf.as_ptr(), buf.len(), sys::FI_RECV)
+                    .map(|mr| RecvBuf { buf, mr })
+            }
+        };
+        match spare {
+            Ok(RecvBuf { buf, mr }) => self.repost(ctx, buf, mr),
+            Err(why) => tracing::warn!("ofi: cannot register a receive buffer: {why}"),
+        }
+    }
+
+    /// A peer's data write landed in our memory: count it for its slot.
+    pub(super) fn landed(&mut self, data: u64) {
+        let (rank, slot) = wire::parse_write_data(data);
+        let depth = self.depth;
+        let Some(Some(p)) = self.peers.get_mut(rank) else {
+            tracing::warn!("ofi: a write naming rank {rank}, not a peer");
+            return;
+        };
+        if slot >= depth || p.regions[slot].is_none() {
+            p.kill(format!(
+                "protocol violation: a write for slot {slot}, which is not open"
+            ));
+            return;
+        }
+        p.write_landed(slot);
+    }
+
+    /// Checks and applies a received message: a peer whose message is wrong is cut off; one
+    /// that names no peer of ours is dropped (nobody to blame for it).
+    pub(super) fn receive(&mut self, msg: &[u8]) {
+        let decoded = wire::decode(msg, self.depth, self.eager_max)
+            .ok()
+            .filter(|(h, _)| self.peers.get(h.from as usize).is_some_and(Option::is_some));
+        let Some((h, payload)) = decoded else {
+            tracing::warn!("ofi: dropped a message of {} bytes from no peer", msg.len());
+            return;
+        };
+        let peer = h.from as usize;
+        if let Err(why) = self.receive_from(peer, &h, payload) {
+            self.peer(peer).kill(why);
+        }
+    }
+
+    /// Applies message `h` with `payload` from `peer` (each message of a batch in turn); what
+    /// is wrong with it.
+    fn receive_from(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
+        if h.kind != Kind::Batch {
+            return self
+                .deliver(peer, h, payload)
+                .map_err(|w| format!("protocol violation: {w}"));
+        }
+        for inner in wire::split_batch(payload) {
+            let inner = inner.map_err(|w| format!("sent {w}"))?;
+            let (h, payload) =
+                wire::decode(inner, self.depth, self.eager_max).map_err(|w| format!("sent {w}"))?;
+            if h.from as usize != peer {
+                return Err(format!("sent a batch naming rank {} inside", h.from));
+            }
+            self.deliver(peer, &h, payload)
+                .map_err(|w| format!("protocol violation: {w}"))?;
+        }
+        Ok(())
+    }
+
+    /// Fills eager slot `slot` of `peer` with message `h`: a `payload` from [`KEEP_MIN`]
+    /// stays in the receive's buffer ([`State::kept`]), a smaller one is copied out. A
+    /// receive carries at most one eager message (a batch holds credits and clear-to-send
+    /// entries, and one more message).
+    fn store_eager(
+        &mut self,
+        peer: usize,
+        slot: usize,
+        h: &Header,
+        payload: &[u8],
+    ) -> Result<(), String> {
+        if self.peer(peer).eager[slot].full {
+            return Err(format!("an eager message into the full slot {slot}"));
+        }
+        // A kept payload is handed to the slot once the receive is applied (`apply`).
+        let copied = if payload.len() >= KEEP_MIN {
+            if self.kept.is_some() {
+                return Err("two eager messages in one batch".into());
+            }
+            self.kept = Some((peer, slot, payload.as_ptr() as usize, payload.len()));
+            None
+        } else {
+            let mut v = self.spare_copies.pop().unwrap_or_default();
+            v.extend_from_slice(payload);
+            Some(Payload::Copied(v))
+        };
+        let s = &mut self.peer(peer).eager[slot];
+        (s.idx, s.tag, s.full, s.payload) = (h.a, h.b, true, copied);
+        Ok(())
+    }
+
+    /// Empties eager slot `slot` of `peer` (its receiver has the message), keeping the
+    /// buffer as a spare while there are few.
+    pub fn release_eager(&mut self, peer: usize, slot: usize) {
+        let s = &mut self.peer(peer).eager[slot];
+        s.full = false;
+        match s.payload.take() {
+            Some(Payload::Kept(b, _)) if self.spare_recvs.len() < SPARE_RECVS => {
+                self.spare_recvs.push(b);
+            }
+            Some(Payload::Copied(mut v)) if self.spare_copies.len() < SPARE_RECVS => {
+                v.clear();
+                self.spare_copies.push(v);
+            }
+            _ => {}
+        }
+    }
+
+    /// Applies a decoded message from `peer`.
+    fn deliver(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
+        let p = self.peer(peer);
+        let slot = h.slot as usize;
+        match h.kind {
+            Kind::Cts => {
+                let entry = CtsEntry {
+                    key: h.slot,
+                    ..wire::decode_cts(payload)
+                };
+                p.cts[slot] = (entry, h.value);
+            }
+            Kind::Imm => p.immediate(slot, (h.a, h.b, h.value))?,
+            Kind::Eager => return self.store_eager(peer, slot, h, payload),
+            Kind::Credit => p.credits[slot] = h.a,
+            Kind::Ack => p.acks = p.acks.wrapping_add(1),
+            Kind::Fail => {
+                p.failed
+                    .get_or_insert_with(|| String::from_utf8_lossy(payload).into_owned());
+            }
+            Kind::Ping | Kind::Batch => {}
+        }
+        Ok(())
+    }
+}

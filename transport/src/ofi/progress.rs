@@ -1,0 +1,104 @@
+//! The `ofi` provider's progress thread: it drives the endpoint while the engine does not.
+//!
+//! With manual data progress (libfabric 1.17's `tcp;ofi_rxm`, `shm`) a peer's writes land in
+//! our memory only while somebody reads our completion queue, and libfabric 2.x's `tcp`,
+//! although it reports automatic progress, ran no thread of its own with a wait object on the
+//! queue. So between the engine's polls this thread reads the queue and rings the engine's
+//! doorbell when something arrived, and otherwise blocks on the queue's descriptor
+//! (`fi_trywait`, then `poll`) and on the engine's [`crate::handback::Handback`] word; it
+//! never spins. It also sends every peer a liveness message every [`PING_EVERY`].
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::device::Shared;
+use super::wire::{Header, Kind};
+
+/// How often the progress thread sends each peer a liveness message: a send to a dead peer
+/// fails, which is how its death shows within about a second.
+const PING_EVERY: Duration = Duration::from_millis(300);
+/// Longest sleep of the progress thread on the completion queue's descriptor.
+const IDLE_WAIT_MS: i32 = 100;
+/// How often the progress thread looks whether the engine still polls, while it does (with
+/// manual progress, a peer's writes move only while somebody reads our queue: an engine busy
+/// elsewhere leaves them to the thread after [`crate::handback::ENGINE_GRACE`] and this; so
+/// does libfabric 2.x's `tcp`, which reports automatic progress but, with a wait object on
+/// the queue, ran no thread of its own in a profile of a ping-pong).
+const ENGINE_RECHECK_MS: i32 = 1;
+
+/// Blocks until one of `fds` is readable or `ms` pass.
+fn block(fds: &[i32], ms: i32) {
+    let mut fds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    // SAFETY: `fds` are valid pollfds for the call; the kernel holds its own reference to
+    // each descriptor's file while it waits.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+}
+
+/// Blocks until the completion queue's descriptor `cq` is readable or `ms` pass (without a
+/// queue descriptor, a sleep of at most a millisecond: the provider then only moves when
+/// polled).
+pub(super) fn block_on_queue(cq: Option<i32>, also: &[i32], ms: i32) {
+    match cq {
+        Some(fd) => block(&[&[fd], also].concat(), ms),
+        None => block(also, ms.clamp(0, 1)),
+    }
+}
+
+/// Drives the endpoint while the engine does not: reads completions (so that peers' writes
+/// land and the engine's waiters wake: it rings the doorbell when something arrived) and
+/// otherwise blocks on the completion queue's descriptor and the engine's [`crate::handback::Handback`]. While
+/// the engine polls the endpoint itself, or anyone holds the state's lock (the engine inside a
+/// long call: a large `fi_writedata` is one `sendmsg` of hundreds of microseconds with socket
+/// providers), the thread leaves the queue alone and waits for the engine's word: contending
+/// for the lock would only trade the endpoint between two threads on a small host. Either way
+/// it sends the liveness messages. Ends once the device drops (`stop`, then the word: read
+/// after the word is taken, so neither is missed).
+pub(super) fn progress_thread(d: Arc<Shared>) {
+    let mut last_ping = Instant::now();
+    loop {
+        d.handback.take();
+        if d.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let ping = last_ping.elapsed() >= PING_EVERY;
+        let engine = d.polled.recent();
+        let state = if engine && !ping { None } else { d.try_lock() };
+        let (any, may_block, busy) = match state {
+            None => (false, true, true),
+            Some(mut s) => {
+                let any = !engine && s.progress();
+                if ping {
+                    last_ping = Instant::now();
+                    for peer in (0..s.peers.len()).filter(|&p| p != d.rank) {
+                        if s.peer(peer).dead.is_none()
+                            && let Err(why) =
+                                s.send(peer, &Header::new(Kind::Ping, 0, 0, 0, 0), &[])
+                        {
+                            s.peer(peer).kill(format!("is unreachable: {why}"));
+                        }
+                    }
+                }
+                (any, engine || (!any && s.ep.trywait()), engine)
+            }
+        };
+        if any {
+            d.bell.ring();
+        }
+        let (cq, word) = (d.wait_fd, d.handback.fd());
+        if may_block {
+            if busy {
+                block(&[word], ENGINE_RECHECK_MS);
+            } else {
+                block_on_queue(cq, &[word], IDLE_WAIT_MS);
+            }
+        }
+    }
+}
