@@ -75,6 +75,7 @@ mod root;
 pub mod tcpstore;
 mod unique_id;
 mod wire;
+pub(crate) use wire::poll_readable;
 
 #[cfg(test)]
 mod tests;

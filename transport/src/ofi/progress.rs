@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::device::Shared;
 use super::wire::{Header, Kind};
+use crate::bootstrap::poll_readable;
 
 /// How often the progress thread sends each peer a liveness message: a send to a dead peer
 /// fails, which is how its death shows within about a second.
@@ -27,19 +28,10 @@ const IDLE_WAIT_MS: i32 = 100;
 /// the queue, ran no thread of its own in a profile of a ping-pong).
 const ENGINE_RECHECK_MS: i32 = 1;
 
-/// Blocks until one of `fds` is readable or `ms` pass.
+/// Blocks until one of `fds` is readable or `ms` pass (an error of `poll` only ends the wait
+/// early: the loop around it looks again).
 fn block(fds: &[i32], ms: i32) {
-    let mut fds: Vec<libc::pollfd> = fds
-        .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
-        .collect();
-    // SAFETY: `fds` are valid pollfds for the call; the kernel holds its own reference to
-    // each descriptor's file while it waits.
-    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    let _ = poll_readable(fds, Duration::from_millis(ms.max(0) as u64));
 }
 
 /// Blocks until the completion queue's descriptor `cq` is readable or `ms` pass (without a
