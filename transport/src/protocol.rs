@@ -204,6 +204,11 @@ pub static STRIPE_MIN: Param = Param::new(
      provider's rails)",
 );
 
+/// Most stripes a clear-to-send may ask for: a receiver asks for at most one per channel
+/// (the `ofi` provider has at most 16 rails), so a larger count comes from a broken or hostile
+/// peer, whose transfer of `len` bytes would otherwise cost `len / 64` operations.
+pub const MAX_STRIPES: u32 = 64;
+
 /// How many stripes `len` bytes are cut into over at most `ways` channels or connections,
 /// each of at least `min` bytes (1 when short). The TCP provider cuts its writes the same way.
 pub fn stripe_count(len: usize, ways: usize, min: usize) -> usize {
@@ -305,11 +310,20 @@ unsafe fn transfer(
             if offered { "reads" } else { "sends" },
         )));
     }
+    if cts.nreqs & !CTS_READ > MAX_STRIPES {
+        return fail(Error::Remote(format!(
+            "protocol violation: {} asks for {} stripes (at most {MAX_STRIPES})",
+            dev.peer_desc(peer),
+            cts.nreqs & !CTS_READ
+        )));
+    }
     let stripe = stripe_len(len, cts.nreqs);
     let mut off = 0;
     while off < len {
         let piece = stripe.min(len - off);
-        let addr = cts.addr + off as u64;
+        // The device checks the address against the entry's region; a peer's address near
+        // the top of the range must not overflow on the way there.
+        let addr = cts.addr.wrapping_add(off as u64);
         // SAFETY: off + piece <= len, valid by the caller's contract.
         let r = unsafe {
             match read {

@@ -135,7 +135,7 @@ impl RmaDevice for PairDevice {
         addr: u64,
     ) -> Result<()> {
         let (base, n) = self.base(peer);
-        if key != 1 || addr as usize + len > n {
+        if key != 1 || (addr as usize).checked_add(len).is_none_or(|end| end > n) {
             return Err(Error::Internal("write outside the peer's window".into()));
         }
         // SAFETY: bounds checked; src valid by contract.
@@ -152,7 +152,7 @@ impl RmaDevice for PairDevice {
         _: CopyTo,
     ) -> Result<()> {
         let (base, n) = self.base(peer);
-        if key != 1 || addr as usize + len > n {
+        if key != 1 || (addr as usize).checked_add(len).is_none_or(|end| end > n) {
             return Err(Error::Internal("read outside the peer's window".into()));
         }
         // SAFETY: bounds checked; dst valid by contract.

@@ -187,6 +187,7 @@ impl Shared {
                 !any && s.ep.trywait()
             };
             if Instant::now() >= deadline {
+                self.lock().revoke_all();
                 return Err(Error::Timeout(format!(
                     "{what} with {} took longer than {:.1} s",
                     self.descs[peer],
@@ -278,6 +279,7 @@ impl RmaDevice for OfiDevice {
         } else {
             0
         };
+        s.peer(peer).opened(slot);
         let h = Header::new(Kind::Cts, slot, 0, 0, rkey);
         let e = CtsEntry {
             key: slot as u32,
@@ -442,12 +444,17 @@ impl RmaDevice for OfiDevice {
     }
 
     fn peer_health(&self, peer: usize) -> Result<()> {
-        self.check_peers_failed()?;
-        let mut s = self.lock();
-        match &s.peer(peer).dead {
-            Some(why) => Err(Error::Remote(format!("{} {why}", self.descs[peer]))),
-            None => Ok(()),
+        let r = self
+            .check_peers_failed()
+            .and_then(|()| match &self.lock().peer(peer).dead {
+                Some(why) => Err(Error::Remote(format!("{} {why}", self.descs[peer]))),
+                None => Ok(()),
+            });
+        if r.is_err() {
+            // The operation asking fails with this: its memory must be ours again first.
+            self.lock().revoke_all();
         }
+        r
     }
 
     fn peer_desc(&self, peer: usize) -> String {
@@ -510,6 +517,8 @@ impl Drop for OfiDevice {
             .flatten()
             .any(|p| p.dead.is_some() || p.failed.is_some());
         if in_flight || lost || self.failed.load(Ordering::Acquire) {
+            // Nothing may land in the application's memory once it has its communicator back.
+            self.lock().revoke_all();
             tracing::info!(
                 "ofi: the communicator failed: its endpoint is left open rather than closed \
                  after broken transfers"
@@ -549,6 +558,7 @@ impl Transport for OfiDevice {
         }
         let text = &msg.as_bytes()[..msg.len().min(wire::MAX_TEXT)];
         let mut s = self.lock();
+        s.revoke_all();
         for peer in (0..s.peers.len()).filter(|&p| p != self.rank) {
             // Best effort: a peer that is gone has nobody waiting for this.
             let _ = s.send(peer, &Header::new(Kind::Fail, 0, 0, 0, 0), text);

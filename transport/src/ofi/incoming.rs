@@ -50,27 +50,42 @@ impl State {
             return;
         };
         if slot >= depth || p.regions[slot].is_none() {
-            p.kill(format!(
-                "protocol violation: a write for slot {slot}, which is not open"
-            ));
+            let why = format!("protocol violation: a write for slot {slot}, which is not open");
+            self.cut_off(rank, why);
             return;
         }
         p.write_landed(slot);
     }
 
+    /// Cuts `peer` off for what it sent: tells it first (best effort), so that its own waits
+    /// end at once with the reason instead of at their timeout, then marks it dead.
+    fn cut_off(&mut self, peer: usize, why: String) {
+        let text = format!("rank {} cut it off: {why}", self.rank);
+        let text = &text.as_bytes()[..text.len().min(wire::MAX_TEXT)];
+        let _ = self.send(peer, &Header::new(Kind::Fail, 0, 0, 0, 0), text);
+        self.peer(peer).kill(why);
+    }
+
     /// Checks and applies a received message: a peer whose message is wrong is cut off; one
     /// that names no peer of ours is dropped (nobody to blame for it).
     pub(super) fn receive(&mut self, msg: &[u8]) {
-        let decoded = wire::decode(msg, self.depth, self.eager_max)
-            .ok()
-            .filter(|(h, _)| self.peers.get(h.from as usize).is_some_and(Option::is_some));
-        let Some((h, payload)) = decoded else {
-            tracing::warn!("ofi: dropped a message of {} bytes from no peer", msg.len());
-            return;
+        let is_peer =
+            |s: &State, rank: u32| s.peers.get(rank as usize).is_some_and(Option::is_some);
+        let (h, payload) = match wire::decode(msg, self.depth, self.eager_max) {
+            Ok((h, payload)) if is_peer(self, h.from) => (h, payload),
+            Err(why) if wire::sender_of(msg).is_some_and(|r| is_peer(self, r)) => {
+                let peer = wire::sender_of(msg).expect("checked") as usize;
+                self.cut_off(peer, format!("sent {why}"));
+                return;
+            }
+            _ => {
+                tracing::warn!("ofi: dropped a message of {} bytes from no peer", msg.len());
+                return;
+            }
         };
         let peer = h.from as usize;
         if let Err(why) = self.receive_from(peer, &h, payload) {
-            self.peer(peer).kill(why);
+            self.cut_off(peer, why);
         }
     }
 
@@ -129,6 +144,7 @@ impl State {
     /// Empties eager slot `slot` of `peer` (its receiver has the message), keeping the
     /// buffer as a spare while there are few.
     pub fn release_eager(&mut self, peer: usize, slot: usize) {
+        self.peer(peer).eager_taken(slot);
         let s = &mut self.peer(peer).eager[slot];
         s.full = false;
         match s.payload.take() {

@@ -39,6 +39,15 @@
 //! `FI_MR_ENDPOINT` (memory bound to an endpoint, as `cxi` asks) is not supported: such a
 //! provider is not offered by `fi_getinfo` for our hints.
 //!
+//! Failure closes the door to our memory: when an operation fails (a peer lost or failed, a
+//! timeout, the communicator marked failed or dropped), every region our clear-to-send
+//! entries opened, to every peer, is closed before the error reaches its caller, so a peer
+//! that has not heard of the failure yet cannot write into memory the application has taken
+//! back. A peer caught breaking the protocol (a malformed message, a write or an immediate
+//! nobody asked for, more writes than its immediate names) is told so before it is cut off.
+//! Writes and reads of ours already handed to the provider are not cancelled (libfabric
+//! cancels only receives): a peer that is alive completes them, one that is gone fails them.
+//!
 //! All libfabric calls happen under one lock ([`state`]). Every poll of the device reads the
 //! completion queue, which drives the provider: libfabric 1.17's `tcp;ofi_rxm` and `shm` make
 //! progress only inside such calls, also for writes that target us. Between polls a progress

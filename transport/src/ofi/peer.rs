@@ -22,6 +22,9 @@ pub struct ImmSlot {
     waiting: Option<(u32, u32, u64)>,
     /// Data writes counted since the last published immediate.
     landed: u32,
+    /// A clear-to-send for this slot went out and no immediate was published since: only
+    /// then may the peer's immediate arrive.
+    open: bool,
 }
 
 /// A receive buffer with its registration (where the provider asks for one).
@@ -119,12 +122,33 @@ impl PeerState {
         }
     }
 
-    /// Marks the peer dead (the first reason sticks).
+    /// Marks the peer dead (the first reason sticks), and closes the regions our
+    /// clear-to-send entries opened to it ([`PeerState::revoke`]).
     pub fn kill(&mut self, why: String) {
         if self.dead.is_none() {
             tracing::warn!("ofi: {}: {why}", self.desc);
             self.dead = Some(why);
         }
+        self.revoke();
+    }
+
+    /// Closes every region our clear-to-send entries opened to the peer: once an operation
+    /// of ours failed, its caller may free the memory as soon as it has the error, so nothing
+    /// may write into it (or read it) any more. The provider refuses a later access with the
+    /// closed key at the peer's side; a write completion that still names such a slot cuts
+    /// the peer off (`State::landed`).
+    pub fn revoke(&mut self) {
+        self.regions.iter_mut().for_each(|r| *r = None);
+    }
+
+    /// Our clear-to-send for slot `slot` is posted: the peer's immediate for it may come.
+    pub fn opened(&mut self, slot: usize) {
+        self.imm[slot].open = true;
+    }
+
+    /// Slot `slot`'s eager message reached its receiver: no immediate comes for it.
+    pub fn eager_taken(&mut self, slot: usize) {
+        self.imm[slot].open = false;
     }
 
     /// One of the peer's data writes into slot `slot`'s open region landed.
@@ -134,11 +158,21 @@ impl PeerState {
     }
 
     /// The peer's immediate `(imm, writes, len)` for slot `slot` arrived: published once its
-    /// `writes` data writes have landed (before or after it). A second one before the first
-    /// is published breaks the protocol.
+    /// `writes` data writes have landed (before or after it). One for a slot with no
+    /// clear-to-send open (a second one, or one nobody asked for), or one naming fewer writes
+    /// than already landed, breaks the protocol.
     pub fn immediate(&mut self, slot: usize, imm: (u32, u32, u64)) -> Result<(), String> {
-        if self.imm[slot].waiting.is_some() {
-            return Err(format!("a second immediate for slot {slot}"));
+        let s = &self.imm[slot];
+        if !s.open || s.waiting.is_some() {
+            return Err(format!(
+                "an immediate for slot {slot}, which awaits none (no clear-to-send open)"
+            ));
+        }
+        if s.landed > imm.1 {
+            return Err(format!(
+                "{} writes into slot {slot} for an immediate of {}",
+                s.landed, imm.1
+            ));
         }
         self.imm[slot].waiting = Some(imm);
         self.complete(slot);
@@ -153,9 +187,50 @@ impl PeerState {
             && s.landed >= writes
         {
             s.landed -= writes;
-            s.waiting = None;
+            (s.waiting, s.open) = (None, false);
             (s.imm, s.len) = (imm, len);
             self.regions[slot] = None;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer() -> PeerState {
+        PeerState::new(vec![0], "rank 1".into(), 4)
+    }
+
+    /// An immediate is published once the writes it names have landed, in either order, and
+    /// only for a slot whose clear-to-send is open; surplus writes and immediates nobody asked
+    /// for break the protocol instead of completing some later transfer early.
+    #[test]
+    fn immediates_need_an_open_slot_and_their_own_writes() {
+        let mut p = peer();
+        let e = p.immediate(0, (1, 0, 0)).unwrap_err();
+        assert!(e.contains("awaits none"), "{e}");
+
+        p.opened(1);
+        p.write_landed(1);
+        p.immediate(1, (2, 2, 100)).unwrap();
+        assert_eq!(p.imm[1].imm, 0, "one write still in flight");
+        p.write_landed(1);
+        assert_eq!((p.imm[1].imm, p.imm[1].len), (2, 100));
+        let e = p.immediate(1, (2, 0, 0)).unwrap_err();
+        assert!(e.contains("awaits none"), "a second immediate: {e}");
+
+        p.opened(2);
+        p.write_landed(2);
+        p.write_landed(2);
+        let e = p.immediate(2, (3, 1, 8)).unwrap_err();
+        assert!(e.contains("2 writes"), "{e}");
+
+        p.opened(3);
+        p.eager_taken(3);
+        assert!(
+            p.immediate(3, (4, 0, 0)).is_err(),
+            "an eager receive awaits none"
+        );
     }
 }

@@ -397,6 +397,12 @@ impl State {
         Ok(id)
     }
 
+    /// Closes every region our clear-to-send entries opened, to every peer
+    /// ([`PeerState::revoke`]): an operation of ours failed, and with it the communicator.
+    pub fn revoke_all(&mut self) {
+        self.peers.iter_mut().flatten().for_each(PeerState::revoke);
+    }
+
     /// Whether messages, writes or reads of ours have not completed yet (receives aside).
     pub fn sending(&self) -> bool {
         !self.backlog.is_empty()
@@ -440,6 +446,13 @@ impl State {
                         }
                         return any;
                     }
+                }
+                Err((ctx, why)) if ctx.is_null() => {
+                    // The queue itself failed, not an operation of ours: reading it again at
+                    // once would only fail again, with the lock held. The next poll retries;
+                    // waits meanwhile end at their timeout.
+                    tracing::warn!("ofi: reading the completion queue failed: {why}");
+                    return true;
                 }
                 Err((ctx, why)) => {
                     any = true;

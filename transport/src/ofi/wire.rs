@@ -100,6 +100,14 @@ impl Header {
     }
 }
 
+/// The rank a received message names as its sender, read even when the rest of it does not
+/// decode (so that a peer sending something malformed is the one cut off); `None` when not
+/// even the header arrived.
+pub fn sender_of(msg: &[u8]) -> Option<u32> {
+    let from = msg.get(24..28)?;
+    Some(u32::from_le_bytes(from.try_into().expect("4 bytes")))
+}
+
 /// Decodes a received message of `msg.len()` bytes for a FIFO of `depth` slots whose eager
 /// messages hold at most `eager_max` bytes: the header and its payload.
 pub fn decode(msg: &[u8], depth: usize, eager_max: usize) -> Result<(Header, &[u8]), String> {
@@ -313,5 +321,16 @@ mod tests {
         );
         let found: Result<Vec<_>, _> = split_batch(&nested).collect();
         assert!(found.unwrap_err().contains("inside"));
+    }
+
+    /// The sender of a message is read even when the rest is wrong (so the right peer is cut
+    /// off), and not from a message shorter than a header.
+    #[test]
+    fn a_malformed_message_still_names_its_sender() {
+        let mut m = Header::new(Kind::Credit, 0, 1, 0, 0).encode(5, &[]);
+        m[0] = 99;
+        assert!(decode(&m, 4, 64).is_err());
+        assert_eq!(sender_of(&m), Some(5));
+        assert_eq!(sender_of(&m[..27]), None);
     }
 }

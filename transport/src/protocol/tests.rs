@@ -217,3 +217,35 @@ fn unregistered_receive_buffer_is_refused() {
     let e = ready(post_recv(&b, 0, 0, true, private.as_mut_ptr(), 8, 1)).unwrap_err();
     assert!(matches!(e, Error::Internal(_)));
 }
+
+/// A clear-to-send asking for more stripes than any receiver does (one per channel, at most
+/// [`MAX_STRIPES`]) fails the sender with a clear error before any write, and the receiver
+/// learns of it through the error immediate; one naming an address at the top of the range
+/// fails too, at the device's bounds check, without overflowing on the way.
+#[test]
+fn hostile_stripe_counts_and_addresses_are_refused() {
+    let (a, b) = PairDevice::pair(4, 4096);
+    let src = [1u8; 256];
+    let entry = |nreqs, addr, idx| CtsEntry {
+        addr,
+        size: 256,
+        key: 1,
+        nreqs,
+        tag: 7,
+        idx,
+    };
+    b.post_cts(0, 0, &entry(MAX_STRIPES + 1, 0, idx_of(0)))
+        .unwrap();
+    // SAFETY: src is valid for 256 bytes.
+    let e = ready(unsafe { try_send(&a, 1, 0, src.as_ptr(), 256, 7) }).unwrap_err();
+    assert!(e.to_string().contains("stripes"), "{e}");
+    assert!(
+        ready(poll_recv(&b, 0, 0, 256)).is_err(),
+        "the receiver learns it"
+    );
+    b.post_cts(0, 1, &entry(4, u64::MAX - 100, idx_of(1)))
+        .unwrap();
+    // SAFETY: as above.
+    let r = ready(unsafe { try_send(&a, 1, 1, src.as_ptr(), 256, 7) });
+    assert!(r.is_err(), "an address past the end of memory is no region");
+}
