@@ -159,13 +159,20 @@ pub trait RmaDevice: Send + Sync {
     /// "rank 3 (pid 1234)" for messages.
     fn peer_desc(&self, peer: usize) -> String;
     /// The records of the operations `peer` (`None`: this rank) ran, newest first, as far as
-    /// the device keeps them (empty where it cannot see them).
-    fn op_history(&self, peer: Option<usize>) -> Vec<OpRecord>;
+    /// the device keeps them (empty where it cannot see them; by default it keeps none).
+    fn op_history(&self, _peer: Option<usize>) -> Vec<OpRecord> {
+        Vec::new()
+    }
     /// The operation of `peer` with tag `tag` (else the newest it ran), described for mismatch
-    /// messages, if known.
-    fn peer_op(&self, peer: usize, tag: u32) -> Option<String>;
-    /// The local rank's operation with tag `tag`, described as for peers, if known.
-    fn local_op(&self, tag: u32) -> Option<String>;
+    /// messages, if known (by default nothing is).
+    fn peer_op(&self, _peer: usize, _tag: u32) -> Option<String> {
+        None
+    }
+    /// The local rank's operation with tag `tag`, described as for peers, if known (by
+    /// default nothing is).
+    fn local_op(&self, _tag: u32) -> Option<String> {
+        None
+    }
 }
 
 /// The payload of an [`RmaDevice::eager_write`] as a slice, once `len` is checked against the

@@ -407,27 +407,7 @@ mod loom_tests {
         fn credit(&self, _: usize, _: usize) -> u32 {
             self.dir.credit.load(Ordering::Acquire)
         }
-        fn post_ack(&self, _: usize) -> Result<()> {
-            Ok(())
-        }
-        fn acks(&self, _: usize) -> u32 {
-            0
-        }
-        fn peer_health(&self, _: usize) -> Result<()> {
-            Ok(())
-        }
-        fn peer_desc(&self, peer: usize) -> String {
-            format!("rank {peer}")
-        }
-        fn op_history(&self, _: Option<usize>) -> Vec<crate::device::OpRecord> {
-            Vec::new()
-        }
-        fn peer_op(&self, _: usize, _: u32) -> Option<String> {
-            None
-        }
-        fn local_op(&self, _: u32) -> Option<String> {
-            None
-        }
+        crate::testdev::quiet_peers!();
     }
 
     /// Three messages through one slot: the sender reuses it only after the receiver's credit,

@@ -224,13 +224,24 @@ impl RmaDevice for PairDevice {
     fn peer_desc(&self, peer: usize) -> String {
         format!("rank {peer}")
     }
-    fn op_history(&self, _: Option<usize>) -> Vec<crate::device::OpRecord> {
-        Vec::new()
-    }
-    fn peer_op(&self, _peer: usize, _tag: u32) -> Option<String> {
-        None
-    }
-    fn local_op(&self, _: u32) -> Option<String> {
-        None
-    }
 }
+
+/// The peer methods of an [`RmaDevice`] model whose peers never fail and send no acks (the
+/// loom models of the protocol and of eager messages): expands inside its `impl`.
+macro_rules! quiet_peers {
+    () => {
+        fn post_ack(&self, _: usize) -> Result<()> {
+            Ok(())
+        }
+        fn acks(&self, _: usize) -> u32 {
+            0
+        }
+        fn peer_health(&self, _: usize) -> Result<()> {
+            Ok(())
+        }
+        fn peer_desc(&self, peer: usize) -> String {
+            format!("rank {peer}")
+        }
+    };
+}
+pub(crate) use quiet_peers;

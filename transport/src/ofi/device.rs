@@ -469,10 +469,6 @@ impl RmaDevice for OfiDevice {
         }
     }
 
-    fn peer_op(&self, _peer: usize, _tag: u32) -> Option<String> {
-        None
-    }
-
     fn local_op(&self, tag: u32) -> Option<String> {
         self.ops.describe(tag)
     }

@@ -118,27 +118,7 @@ impl RmaDevice for Dev {
     fn credit(&self, _: usize, _: usize) -> u32 {
         0
     }
-    fn post_ack(&self, _: usize) -> Result<()> {
-        Ok(())
-    }
-    fn acks(&self, _: usize) -> u32 {
-        0
-    }
-    fn peer_health(&self, _: usize) -> Result<()> {
-        Ok(())
-    }
-    fn peer_desc(&self, peer: usize) -> String {
-        format!("rank {peer}")
-    }
-    fn op_history(&self, _: Option<usize>) -> Vec<crate::device::OpRecord> {
-        Vec::new()
-    }
-    fn peer_op(&self, _: usize, _: u32) -> Option<String> {
-        None
-    }
-    fn local_op(&self, _: u32) -> Option<String> {
-        None
-    }
+    crate::testdev::quiet_peers!();
 }
 
 /// Two offers of one buffer through one slot: the owner fills the buffer, offers it, and
