@@ -228,6 +228,7 @@ impl RmaDevice for PairDevice {
 
 /// The peer methods of an [`RmaDevice`] model whose peers never fail and send no acks (the
 /// loom models of the protocol and of eager messages): expands inside its `impl`.
+#[cfg(ampccl_loom)]
 macro_rules! quiet_peers {
     () => {
         fn post_ack(&self, _: usize) -> Result<()> {
@@ -244,4 +245,5 @@ macro_rules! quiet_peers {
         }
     };
 }
+#[cfg(ampccl_loom)]
 pub(crate) use quiet_peers;
