@@ -262,6 +262,11 @@ impl RmaDevice for OfiDevice {
     fn post_cts(&self, peer: usize, slot: usize, entry: &CtsEntry) -> Result<()> {
         let read = entry.nreqs & CTS_READ != 0;
         let mut s = self.lock();
+        if s.peer(peer).dead.is_some() {
+            // Nothing of it could reach the peer: open no region to it (the wait for its
+            // message names the lost peer, `peer_health`).
+            return Ok(());
+        }
         // An eager-sized write entry only tells a rendezvous sender of a length mismatch: no
         // data is written into it, so it opens no region (nor does an empty one).
         let rkey = if entry.size > 0 && (read || entry.size as usize > self.eager_max) {
