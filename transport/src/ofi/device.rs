@@ -45,6 +45,10 @@ pub fn eager_max(provider: &str) -> usize {
 
 /// How long closing waits for our last messages to leave.
 const FLUSH_WAIT: Duration = Duration::from_millis(500);
+/// How long a failing operation waits for our writes and reads still with the provider before
+/// its error returns (libfabric cancels no writes or reads): a peer that is alive completes
+/// them, one that is gone fails them, so the application's memory is ours again first.
+const DRAIN_WAIT: Duration = Duration::from_secs(1);
 /// The `ofi` provider connected to every peer of a communicator: what it shares with its
 /// progress thread, and that thread. Dropping it stops and joins the thread first, so the
 /// endpoint always closes on the thread that drops the device, before the drop returns (a
@@ -74,6 +78,8 @@ pub struct Shared {
     pub(super) handback: Handback,
     window: HostBuffer,
     failed: AtomicBool,
+    /// A failure's wait for our writes and reads ran out ([`Shared::reclaim`]).
+    drain_ran_out: AtomicBool,
     ops: OpLog,
     timeout: Duration,
     /// Set when the device drops: the progress thread ends.
@@ -113,6 +119,7 @@ impl OfiDevice {
             handback: Handback::new().map_err(|e| Error::system("ofi: eventfd", e))?,
             window: HostBuffer::zeroed(window),
             failed: AtomicBool::new(false),
+            drain_ran_out: AtomicBool::new(false),
             ops: OpLog::default(),
             timeout,
             stop: AtomicBool::new(false),
@@ -182,12 +189,15 @@ impl Shared {
                     return Ok(());
                 }
                 if let Some(why) = &s.peer(peer).dead {
-                    return Err(Error::Remote(format!("{} {why}", self.descs[peer])));
+                    let e = Error::Remote(format!("{} {why}", self.descs[peer]));
+                    drop(s);
+                    self.reclaim();
+                    return Err(e);
                 }
                 !any && s.ep.trywait()
             };
             if Instant::now() >= deadline {
-                self.lock().revoke_all();
+                self.reclaim();
                 return Err(Error::Timeout(format!(
                     "{what} with {} took longer than {:.1} s",
                     self.descs[peer],
@@ -197,6 +207,33 @@ impl Shared {
             if may_block {
                 progress::block_on_queue(self.wait_fd, &[], 1);
             }
+        }
+    }
+
+    /// Makes the application's memory ours again before an operation's error returns: closes
+    /// every region peers may write into or read ([`State::revoke_all`]), then waits up to
+    /// [`DRAIN_WAIT`] for our own writes and reads to complete or fail.
+    /// Once a wait ran out, later failures do not wait again (each operation of the failed
+    /// communicator would otherwise add its second).
+    fn reclaim(&self) {
+        self.lock().revoke_all();
+        if self.drain_ran_out.load(Ordering::Relaxed) {
+            return;
+        }
+        let deadline = Instant::now() + DRAIN_WAIT;
+        loop {
+            let mut s = self.lock();
+            s.progress();
+            if !s.accessing() {
+                return;
+            }
+            if Instant::now() >= deadline {
+                self.drain_ran_out.store(true, Ordering::Relaxed);
+                tracing::warn!("ofi: writes or reads of ours still run after a failure");
+                return;
+            }
+            drop(s);
+            progress::block_on_queue(self.wait_fd, &[], 1);
         }
     }
 
@@ -457,7 +494,7 @@ impl RmaDevice for OfiDevice {
             });
         if r.is_err() {
             // The operation asking fails with this: its memory must be ours again first.
-            self.lock().revoke_all();
+            self.reclaim();
         }
         r
     }
@@ -558,8 +595,8 @@ impl Transport for OfiDevice {
             return;
         }
         let text = &msg.as_bytes()[..msg.len().min(wire::MAX_TEXT)];
+        self.reclaim();
         let mut s = self.lock();
-        s.revoke_all();
         for peer in (0..s.peers.len()).filter(|&p| p != self.rank) {
             // Best effort: a peer that is gone has nobody waiting for this.
             let _ = s.send(peer, &Header::new(Kind::Fail, 0, 0, 0, 0), text);

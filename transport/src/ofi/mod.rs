@@ -45,8 +45,9 @@
 //! that has not heard of the failure yet cannot write into memory the application has taken
 //! back. A peer caught breaking the protocol (a malformed message, a write or an immediate
 //! nobody asked for, more writes than its immediate names) is told so before it is cut off.
-//! Writes and reads of ours already handed to the provider are not cancelled (libfabric
-//! cancels only receives): a peer that is alive completes them, one that is gone fails them.
+//! Writes and reads of ours already handed to the provider cannot be cancelled (libfabric
+//! cancels only receives): the error waits up to a second for them (a peer that is alive
+//! completes them, one that is gone fails them), and says so in the log if they outlast it.
 //!
 //! All libfabric calls happen under one lock ([`state`]). Every poll of the device reads the
 //! completion queue, which drives the provider: libfabric 1.17's `tcp;ofi_rxm` and `shm` make

@@ -412,6 +412,13 @@ impl State {
                 .any(|op| !matches!(op.what, What::Recv { .. }))
     }
 
+    /// Whether data writes or reads of ours (which touch the application's memory, unlike
+    /// messages) are still with the provider or in the backlog.
+    pub fn accessing(&self) -> bool {
+        let rma = |op: &Op| matches!(op.what, What::Write { .. } | What::Read { .. });
+        self.backlog.iter().any(|(_, op)| rma(op)) || self.ops.values().any(rma)
+    }
+
     /// Whether read `id` has completed (forgetting it if so).
     pub fn take_read(&mut self, id: usize) -> bool {
         let Some(i) = self.reads_done.iter().position(|&r| r == id) else {
