@@ -213,6 +213,7 @@ impl Shared {
     /// Makes the application's memory ours again before an operation's error returns: closes
     /// every region peers may write into or read ([`State::revoke_all`]), then waits up to
     /// [`DRAIN_WAIT`] for our own writes and reads to complete or fail.
+    ///
     /// Once a wait ran out, later failures do not wait again (each operation of the failed
     /// communicator would otherwise add its second).
     fn reclaim(&self) {
