@@ -387,6 +387,7 @@ impl RmaDevice for OfiDevice {
                 .map_err(|why| self.post_err(peer, "a read", why))?
         };
         self.wait(peer, "a read", |s| s.take_read(id))
+            .inspect_err(|_| self.lock().forget_read(id))
     }
 
     fn write_imm(&self, peer: usize, slot: usize, imm: u32, len: u64) -> Result<()> {

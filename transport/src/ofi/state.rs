@@ -170,6 +170,10 @@ pub struct State {
     backlog: VecDeque<(usize, Op)>,
     /// Reads completed, by context address, until their waiter takes them.
     reads_done: Vec<usize>,
+    /// Reads whose waiter gave up before they completed ([`State::forget_read`]): their
+    /// completion is dropped instead of waiting in `reads_done` for nobody. A context address
+    /// stays unique while its operation is in the table.
+    reads_abandoned: Vec<usize>,
     /// Message buffers not in use (see [`SendBuf`]).
     pub(super) send_pool: Vec<SendBuf>,
     /// Receive buffers neither posted nor holding an eager message (see
@@ -217,6 +221,7 @@ impl State {
             ops: HashMap::default(),
             backlog: VecDeque::new(),
             reads_done: Vec::new(),
+            reads_abandoned: Vec::new(),
             send_pool: Vec::new(),
             spare_recvs: Vec::new(),
             reposts: Vec::new(),
@@ -419,6 +424,21 @@ impl State {
         self.backlog.iter().any(|(_, op)| rma(op)) || self.ops.values().any(rma)
     }
 
+    /// The waiter of read `id` gives up: its completion, when it comes, is dropped. A read
+    /// that already ended (done, or failed: then nothing comes) leaves nothing behind.
+    pub fn forget_read(&mut self, id: usize) {
+        let running = self.ops.contains_key(&id) || self.backlog.iter().any(|(k, _)| *k == id);
+        if !self.take_read(id) && running {
+            self.reads_abandoned.push(id);
+        }
+    }
+
+    /// Read `id` ended (done or failed): whether its waiter had given up (forgetting that).
+    fn was_abandoned(&mut self, id: usize) -> bool {
+        let at = self.reads_abandoned.iter().position(|&r| r == id);
+        at.map(|i| self.reads_abandoned.swap_remove(i)).is_some()
+    }
+
     /// Whether read `id` has completed (forgetting it if so).
     pub fn take_read(&mut self, id: usize) -> bool {
         let Some(i) = self.reads_done.iter().position(|&r| r == id) else {
@@ -485,7 +505,9 @@ impl State {
         };
         match op.what {
             What::Write { rma, .. } => self.wrote(peer, rma.2),
-            What::Read { .. } => {}
+            What::Read { .. } => {
+                self.was_abandoned(key);
+            }
             What::Send { buf, mr, .. } => self.recycle(SendBuf {
                 ctx: op.ctx,
                 buf,
@@ -536,6 +558,7 @@ impl State {
                 mr,
             }),
             What::Write { peer, rma, .. } => self.wrote(peer, rma.2),
+            What::Read { .. } if self.was_abandoned(key) => {}
             What::Read { .. } => self.reads_done.push(key),
             What::Recv { buf, mr } => {
                 self.receive(&buf[..len.min(buf.len())]);
