@@ -210,32 +210,33 @@ impl Shared {
         }
     }
 
-    /// Makes the application's memory ours again before an operation's error returns: closes
-    /// every region peers may write into or read ([`State::revoke_all`]), then waits up to
-    /// [`DRAIN_WAIT`] for our own writes and reads to complete or fail.
+    /// Makes the application's memory ours again before an operation's error returns. First
+    /// it reads the queue and waits up to [`DRAIN_WAIT`] for our own writes and reads to
+    /// complete or fail (data that already arrived still completes its transfer meanwhile);
+    /// then it withdraws the writes still queued and closes every region peers may write into
+    /// or read ([`State::revoke_all`]).
     ///
     /// Once a wait ran out, later failures do not wait again (each operation of the failed
     /// communicator would otherwise add its second).
     fn reclaim(&self) {
-        self.lock().revoke_all();
-        if self.drain_ran_out.load(Ordering::Relaxed) {
-            return;
-        }
         let deadline = Instant::now() + DRAIN_WAIT;
-        loop {
+        while !self.drain_ran_out.load(Ordering::Relaxed) {
             let mut s = self.lock();
             s.progress();
             if !s.accessing() {
-                return;
+                break;
             }
             if Instant::now() >= deadline {
                 self.drain_ran_out.store(true, Ordering::Relaxed);
                 tracing::warn!("ofi: writes or reads of ours still run after a failure");
-                return;
+                break;
             }
             drop(s);
             progress::block_on_queue(self.wait_fd, &[], 1);
         }
+        let mut s = self.lock();
+        s.withdraw_queued_writes();
+        s.revoke_all();
     }
 
     /// Sends a control message to `peer`.
@@ -597,12 +598,14 @@ impl Transport for OfiDevice {
             return;
         }
         let text = &msg.as_bytes()[..msg.len().min(wire::MAX_TEXT)];
-        self.reclaim();
         let mut s = self.lock();
         for peer in (0..s.peers.len()).filter(|&p| p != self.rank) {
             // Best effort: a peer that is gone has nobody waiting for this.
             let _ = s.send(peer, &Header::new(Kind::Fail, 0, 0, 0, 0), text);
         }
+        // The notes go first: a peer learns why before its accesses meet closed regions.
+        drop(s);
+        self.reclaim();
     }
     fn holds_frames_back(&self) -> bool {
         true

@@ -49,6 +49,11 @@ impl State {
             tracing::warn!("ofi: a write naming rank {rank}, not a peer");
             return;
         };
+        if slot < depth && p.regions[slot].is_none() && (self.revoked || p.dead.is_some()) {
+            // It landed before we closed the regions after a failure (or cut the peer off),
+            // and is read only now: nothing waits for it.
+            return;
+        }
         if slot >= depth || p.regions[slot].is_none() {
             let why = format!("protocol violation: a write for slot {slot}, which is not open");
             self.cut_off(rank, why);

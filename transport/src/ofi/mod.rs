@@ -39,26 +39,18 @@
 //! `FI_MR_ENDPOINT` (memory bound to an endpoint, as `cxi` asks) is not supported: such a
 //! provider is not offered by `fi_getinfo` for our hints.
 //!
-//! Failure closes the door to our memory: when an operation fails (a peer lost or failed, a
-//! timeout, the communicator marked failed or dropped), every region our clear-to-send
-//! entries opened, to every peer, is closed before the error reaches its caller, so a peer
-//! that has not heard of the failure yet cannot write into memory the application has taken
-//! back. A peer caught breaking the protocol (a malformed message, a write or an immediate
-//! nobody asked for, more writes than its immediate names) is told so before it is cut off.
-//! Writes and reads of ours already handed to the provider cannot be cancelled (libfabric
-//! cancels only receives): the error waits up to a second for them (a peer that is alive
-//! completes them, one that is gone fails them), and says so in the log if they outlast it.
-//!
-//! All libfabric calls happen under one lock ([`state`]). Every poll of the device reads the
-//! completion queue, which drives the provider: libfabric 1.17's `tcp;ofi_rxm` and `shm` make
-//! progress only inside such calls, also for writes that target us. Between polls a progress
-//! thread blocks on the queue's wait descriptor (`fi_trywait`, then `poll`), reads what comes
-//! and rings the engine's doorbell, so neither side burns a core while waiting; it leaves the
-//! queue alone while the engine polls it or anyone holds the lock (a large write's `sendmsg`
-//! holds it for hundreds of microseconds: taking turns at the endpoint with the engine only
-//! cost both of them). The same
-//! thread sends each peer a liveness message every 300 ms: a send to a dead peer fails, and
-//! the peer's waiters get an error naming it.
+//! Failure closes the door to our memory. When the device reports an error (a peer lost or
+//! failed, a transfer's own timeout) and when the communicator is marked failed (as the Rust
+//! API does for every failed operation) or dropped after a failure, it first reads the queue
+//! and waits up to a second for our writes and reads still with the provider (libfabric
+//! cancels none: a peer that is alive completes them, one that is gone fails them; data that
+//! already arrived completes its transfer meanwhile), then withdraws the writes still queued
+//! and closes every region our clear-to-send entries opened, to every peer. A peer that has
+//! not heard of the failure yet cannot write into memory the application has taken back; a
+//! write that landed before and is read only now is dropped quietly. A read whose waiter
+//! gives up never starts if it was still queued. A peer caught breaking the protocol (a
+//! malformed message, a write or an immediate nobody asked for, more writes than its
+//! immediate names) is told so before it is cut off.
 
 mod device;
 mod fabric;

@@ -174,6 +174,8 @@ pub struct State {
     /// completion is dropped instead of waiting in `reads_done` for nobody. A context address
     /// stays unique while its operation is in the table.
     reads_abandoned: Vec<usize>,
+    /// Every region was closed after a failure ([`State::revoke_all`]).
+    pub(super) revoked: bool,
     /// Message buffers not in use (see [`SendBuf`]).
     pub(super) send_pool: Vec<SendBuf>,
     /// Receive buffers neither posted nor holding an eager message (see
@@ -222,6 +224,7 @@ impl State {
             backlog: VecDeque::new(),
             reads_done: Vec::new(),
             reads_abandoned: Vec::new(),
+            revoked: false,
             send_pool: Vec::new(),
             spare_recvs: Vec::new(),
             reposts: Vec::new(),
@@ -404,8 +407,26 @@ impl State {
 
     /// Closes every region our clear-to-send entries opened, to every peer
     /// ([`PeerState::revoke`]): an operation of ours failed, and with it the communicator.
+    /// From here a write completion naming a slot without a region is one that landed before
+    /// and is read only now, not a protocol violation ([`State::revoked`]).
     pub fn revoke_all(&mut self) {
         self.peers.iter_mut().flatten().for_each(PeerState::revoke);
+        self.revoked = true;
+    }
+
+    /// Withdraws the data writes still waiting in the backlog (the provider never had them):
+    /// after a failure they must not start reading the application's memory. Their sends
+    /// count them done.
+    pub fn withdraw_queued_writes(&mut self) {
+        for (key, op) in std::mem::take(&mut self.backlog) {
+            match op.what {
+                What::Write { peer, rma, .. } => {
+                    self.peer(peer).backlogged -= 1;
+                    self.wrote(peer, rma.2);
+                }
+                _ => self.backlog.push_back((key, op)),
+            }
+        }
     }
 
     /// Whether messages, writes or reads of ours have not completed yet (receives aside).
@@ -424,11 +445,16 @@ impl State {
         self.backlog.iter().any(|(_, op)| rma(op)) || self.ops.values().any(rma)
     }
 
-    /// The waiter of read `id` gives up: its completion, when it comes, is dropped. A read
-    /// that already ended (done, or failed: then nothing comes) leaves nothing behind.
+    /// The waiter of read `id` gives up (its destination is the caller's again): a read still
+    /// in the backlog never starts, one with the provider has its completion dropped when it
+    /// comes, and one that already ended (done, or failed) leaves nothing behind.
     pub fn forget_read(&mut self, id: usize) {
-        let running = self.ops.contains_key(&id) || self.backlog.iter().any(|(k, _)| *k == id);
-        if !self.take_read(id) && running {
+        if let Some(i) = self.backlog.iter().position(|(k, _)| *k == id) {
+            let (_, op) = self.backlog.remove(i).expect("found");
+            if let Some(peer) = op.what.peer() {
+                self.peer(peer).backlogged -= 1;
+            }
+        } else if !self.take_read(id) && self.ops.contains_key(&id) {
             self.reads_abandoned.push(id);
         }
     }
@@ -475,11 +501,11 @@ impl State {
                     }
                 }
                 Err((ctx, why)) if ctx.is_null() => {
-                    // The queue itself failed, not an operation of ours: reading it again at
-                    // once would only fail again, with the lock held. The next poll retries;
-                    // waits meanwhile end at their timeout.
-                    tracing::warn!("ofi: reading the completion queue failed: {why}");
-                    return true;
+                    // An error naming no operation of ours, or the queue itself failing:
+                    // reading it again at once could only fail again, with the lock held. The
+                    // next poll reads on; waits meanwhile end at their timeout.
+                    tracing::warn!("ofi: a completion-queue error naming no operation: {why}");
+                    return any;
                 }
                 Err((ctx, why)) => {
                     any = true;
