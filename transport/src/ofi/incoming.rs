@@ -41,25 +41,24 @@ impl State {
         }
     }
 
-    /// A peer's data write landed in our memory: count it for its slot.
+    /// A peer's data write landed in our memory: count it for its slot. One naming a slot
+    /// without a region is a protocol violation, unless we closed the regions after a failure
+    /// (or cut the peer off): then it landed before and is read only now, and nothing waits
+    /// for it.
     pub(super) fn landed(&mut self, data: u64) {
         let (rank, slot) = wire::parse_write_data(data);
-        let depth = self.depth;
         let Some(Some(p)) = self.peers.get_mut(rank) else {
             tracing::warn!("ofi: a write naming rank {rank}, not a peer");
             return;
         };
-        if slot < depth && p.regions[slot].is_none() && (self.revoked || p.dead.is_some()) {
-            // It landed before we closed the regions after a failure (or cut the peer off),
-            // and is read only now: nothing waits for it.
-            return;
+        match p.regions.get(slot) {
+            Some(Some(_)) => p.write_landed(slot),
+            Some(None) if self.revoked || p.dead.is_some() => {}
+            _ => {
+                let why = format!("protocol violation: a write for slot {slot}, which is not open");
+                self.cut_off(rank, why);
+            }
         }
-        if slot >= depth || p.regions[slot].is_none() {
-            let why = format!("protocol violation: a write for slot {slot}, which is not open");
-            self.cut_off(rank, why);
-            return;
-        }
-        p.write_landed(slot);
     }
 
     /// Cuts `peer` off for what it sent: tells it first (best effort), so that its own waits
@@ -71,25 +70,27 @@ impl State {
         self.peer(peer).kill(why);
     }
 
-    /// Checks and applies a received message: a peer whose message is wrong is cut off; one
-    /// that names no peer of ours is dropped (nobody to blame for it).
+    /// Checks and applies a received message: a peer whose message is wrong is cut off (one
+    /// that does not decode is blamed on the rank its header names); one that names no peer
+    /// of ours is dropped (nobody to blame for it).
     pub(super) fn receive(&mut self, msg: &[u8]) {
-        let is_peer =
-            |s: &State, rank: u32| s.peers.get(rank as usize).is_some_and(Option::is_some);
-        let (h, payload) = match wire::decode(msg, self.depth, self.eager_max) {
-            Ok((h, payload)) if is_peer(self, h.from) => (h, payload),
-            Err(why) if wire::sender_of(msg).is_some_and(|r| is_peer(self, r)) => {
-                let peer = wire::sender_of(msg).expect("checked") as usize;
-                self.cut_off(peer, format!("sent {why}"));
-                return;
-            }
-            _ => {
-                tracing::warn!("ofi: dropped a message of {} bytes from no peer", msg.len());
-                return;
-            }
+        let decoded = wire::decode(msg, self.depth, self.eager_max);
+        let from = match &decoded {
+            Ok((h, _)) => Some(h.from),
+            Err(_) => wire::sender_of(msg),
         };
-        let peer = h.from as usize;
-        if let Err(why) = self.receive_from(peer, &h, payload) {
+        let Some(peer) = from
+            .map(|r| r as usize)
+            .filter(|&r| self.peers.get(r).is_some_and(Option::is_some))
+        else {
+            tracing::warn!("ofi: dropped a message of {} bytes from no peer", msg.len());
+            return;
+        };
+        let r = match decoded {
+            Ok((h, payload)) => self.receive_from(peer, &h, payload),
+            Err(why) => Err(format!("sent {why}")),
+        };
+        if let Err(why) = r {
             self.cut_off(peer, why);
         }
     }

@@ -135,8 +135,8 @@ impl PeerState {
     /// Closes every region our clear-to-send entries opened to the peer: once an operation
     /// of ours failed, its caller may free the memory as soon as it has the error, so nothing
     /// may write into it (or read it) any more. The provider refuses a later access with the
-    /// closed key at the peer's side; a write completion that still names such a slot cuts
-    /// the peer off (`State::landed`).
+    /// closed key at the peer's side; a write that landed before and is read only now is
+    /// dropped (`State::landed`).
     pub fn revoke(&mut self) {
         self.regions.iter_mut().for_each(|r| *r = None);
     }

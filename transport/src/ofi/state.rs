@@ -418,15 +418,28 @@ impl State {
     /// after a failure they must not start reading the application's memory. Their sends
     /// count them done.
     pub fn withdraw_queued_writes(&mut self) {
-        for (key, op) in std::mem::take(&mut self.backlog) {
-            match op.what {
-                What::Write { peer, rma, .. } => {
-                    self.peer(peer).backlogged -= 1;
-                    self.wrote(peer, rma.2);
-                }
-                _ => self.backlog.push_back((key, op)),
+        for (_, op) in self.withdraw(|_, op| matches!(op.what, What::Write { .. })) {
+            if let What::Write { peer, rma, .. } = op.what {
+                self.wrote(peer, rma.2);
             }
         }
+    }
+
+    /// Takes the operations `pick` chooses out of the backlog, in order, and counts them off
+    /// their peers' queues (a peer with none left is no longer stuck).
+    fn withdraw(&mut self, mut pick: impl FnMut(usize, &Op) -> bool) -> Vec<(usize, Op)> {
+        let (taken, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.backlog)
+            .into_iter()
+            .partition(|(key, op)| pick(*key, op));
+        self.backlog = kept.into();
+        for peer in taken.iter().filter_map(|(_, op)| op.what.peer()) {
+            let p = self.peer(peer);
+            p.backlogged -= 1;
+            if p.backlogged == 0 {
+                p.stuck_since = None;
+            }
+        }
+        taken
     }
 
     /// Whether messages, writes or reads of ours have not completed yet (receives aside).
@@ -449,12 +462,10 @@ impl State {
     /// in the backlog never starts, one with the provider has its completion dropped when it
     /// comes, and one that already ended (done, or failed) leaves nothing behind.
     pub fn forget_read(&mut self, id: usize) {
-        if let Some(i) = self.backlog.iter().position(|(k, _)| *k == id) {
-            let (_, op) = self.backlog.remove(i).expect("found");
-            if let Some(peer) = op.what.peer() {
-                self.peer(peer).backlogged -= 1;
-            }
-        } else if !self.take_read(id) && self.ops.contains_key(&id) {
+        if self.withdraw(|key, _| key == id).is_empty()
+            && !self.take_read(id)
+            && self.ops.contains_key(&id)
+        {
             self.reads_abandoned.push(id);
         }
     }

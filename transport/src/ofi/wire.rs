@@ -14,6 +14,8 @@ use crate::device::CtsEntry;
 
 /// Header bytes of every message.
 pub const HEADER: usize = 32;
+/// Where the sender's rank sits in the header.
+const FROM_AT: usize = 24;
 /// Bytes of an encoded clear-to-send entry.
 pub const CTS_BYTES: usize = 32;
 /// Longest failure text a message carries.
@@ -93,7 +95,7 @@ impl Header {
             at.copy_from_slice(&w.to_le_bytes());
         }
         h[16..24].copy_from_slice(&self.value.to_le_bytes());
-        h[24..28].copy_from_slice(&(from as u32).to_le_bytes());
+        h[FROM_AT..FROM_AT + 4].copy_from_slice(&(from as u32).to_le_bytes());
         out.reserve(HEADER + payload.len());
         out.extend_from_slice(&h);
         out.extend_from_slice(payload);
@@ -104,7 +106,7 @@ impl Header {
 /// decode (so that a peer sending something malformed is the one cut off); `None` when not
 /// even the header arrived.
 pub fn sender_of(msg: &[u8]) -> Option<u32> {
-    let from = msg.get(24..28)?;
+    let from = msg.get(FROM_AT..FROM_AT + 4)?;
     Some(u32::from_le_bytes(from.try_into().expect("4 bytes")))
 }
 
@@ -135,7 +137,7 @@ pub fn decode(msg: &[u8], depth: usize, eager_max: usize) -> Result<(Header, &[u
         a: u32_at(8),
         b: u32_at(12),
         value: u64::from_le_bytes(msg[16..24].try_into().expect("8 bytes")),
-        from: u32_at(24),
+        from: u32_at(FROM_AT),
     };
     let payload = &msg[HEADER..];
     let slotted = matches!(kind, Kind::Cts | Kind::Imm | Kind::Eager | Kind::Credit);
