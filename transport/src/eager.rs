@@ -325,12 +325,6 @@ mod loom_tests {
     unsafe impl Send for Dev {}
 
     impl RmaDevice for Dev {
-        fn fifo_depth(&self) -> usize {
-            1
-        }
-        fn channels(&self) -> usize {
-            1
-        }
         fn expose(&self, _: *mut u8, _: usize) -> Option<(u32, u64)> {
             None
         }
@@ -407,7 +401,7 @@ mod loom_tests {
         fn credit(&self, _: usize, _: usize) -> u32 {
             self.dir.credit.load(Ordering::Acquire)
         }
-        crate::testdev::quiet_peers!();
+        crate::testdev::model_shape!();
     }
 
     /// Three messages through one slot: the sender reuses it only after the receiver's credit,

@@ -226,11 +226,17 @@ impl RmaDevice for PairDevice {
     }
 }
 
-/// The peer methods of an [`RmaDevice`] model whose peers never fail and send no acks (the
-/// loom models of the protocol and of eager messages): expands inside its `impl`.
+/// The shape of an [`RmaDevice`] loom model (of the protocol, of eager messages): one FIFO
+/// slot, one channel, peers that never fail and send no acks. Expands inside its `impl`.
 #[cfg(ampccl_loom)]
-macro_rules! quiet_peers {
+macro_rules! model_shape {
     () => {
+        fn fifo_depth(&self) -> usize {
+            1
+        }
+        fn channels(&self) -> usize {
+            1
+        }
         fn post_ack(&self, _: usize) -> Result<()> {
             Ok(())
         }
@@ -246,4 +252,4 @@ macro_rules! quiet_peers {
     };
 }
 #[cfg(ampccl_loom)]
-pub(crate) use quiet_peers;
+pub(crate) use model_shape;

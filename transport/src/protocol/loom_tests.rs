@@ -31,12 +31,6 @@ unsafe impl Sync for Dev {}
 unsafe impl Send for Dev {}
 
 impl RmaDevice for Dev {
-    fn fifo_depth(&self) -> usize {
-        1
-    }
-    fn channels(&self) -> usize {
-        1
-    }
     fn expose(&self, _: *mut u8, _: usize) -> Option<(u32, u64)> {
         Some((1, 0))
     }
@@ -118,7 +112,7 @@ impl RmaDevice for Dev {
     fn credit(&self, _: usize, _: usize) -> u32 {
         0
     }
-    crate::testdev::quiet_peers!();
+    crate::testdev::model_shape!();
 }
 
 /// Two offers of one buffer through one slot: the owner fills the buffer, offers it, and
