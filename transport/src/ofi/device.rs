@@ -219,24 +219,33 @@ impl Shared {
     /// Once a wait ran out, later failures do not wait again (each operation of the failed
     /// communicator would otherwise add its second).
     fn reclaim(&self) {
-        let deadline = Instant::now() + DRAIN_WAIT;
-        while !self.drain_ran_out.load(Ordering::Relaxed) {
-            let mut s = self.lock();
-            s.progress();
-            if !s.accessing() {
-                break;
-            }
-            if Instant::now() >= deadline {
-                self.drain_ran_out.store(true, Ordering::Relaxed);
-                tracing::warn!("ofi: writes or reads of ours still run after a failure");
-                break;
-            }
-            drop(s);
-            progress::block_on_queue(self.wait_fd, &[], 1);
+        if !self.drain_ran_out.load(Ordering::Relaxed)
+            && !self.drive_until(DRAIN_WAIT, |s| !s.accessing())
+        {
+            self.drain_ran_out.store(true, Ordering::Relaxed);
+            tracing::warn!("ofi: writes or reads of ours still run after a failure");
         }
         let mut s = self.lock();
         s.withdraw_queued_writes();
         s.revoke_all();
+    }
+
+    /// Reads the queue until `done` says so, blocking on it between reads, for at most
+    /// `limit`; whether `done` said so (it is asked at least once).
+    fn drive_until(&self, limit: Duration, mut done: impl FnMut(&State) -> bool) -> bool {
+        let deadline = Instant::now() + limit;
+        loop {
+            let mut s = self.lock();
+            s.progress();
+            if done(&s) {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            drop(s);
+            progress::block_on_queue(self.wait_fd, &[], 1);
+        }
     }
 
     /// Sends a control message to `peer`.
@@ -532,18 +541,7 @@ impl Drop for OfiDevice {
     /// (one device per failed communicator) and nothing of ours is freed under the provider.
     fn drop(&mut self) {
         self.lock().flush(true);
-        let deadline = Instant::now() + FLUSH_WAIT;
-        let mut in_flight = true;
-        while Instant::now() < deadline {
-            let mut s = self.lock();
-            s.progress();
-            in_flight = s.sending();
-            if !in_flight {
-                break;
-            }
-            drop(s);
-            progress::block_on_queue(self.wait_fd, &[], 1);
-        }
+        let in_flight = !self.drive_until(FLUSH_WAIT, |s| !s.sending());
         self.stop.store(true, Ordering::Release);
         self.handback.give();
         if let Some(t) = self.progress.take() {
