@@ -55,6 +55,8 @@ pub(crate) struct EngineInner {
     stop: AtomicBool,
     /// Called by a driver whose pass made no progress (see [`Engine::set_idle_hook`]).
     idle_hook: std::sync::OnceLock<IdleHook>,
+    /// Called once, at the engine's first abort (see [`Engine::set_abort_hook`]).
+    abort_hook: std::sync::OnceLock<AbortHook>,
     /// What the background thread sleeps on when it has nothing to drive (rung by kicks).
     pub(crate) kick_bell: Doorbell,
     /// Parking operations so far (see [`crate::park`]).
@@ -70,6 +72,9 @@ pub(crate) struct EngineInner {
 /// What an idle driver calls (a transport's flush of coalesced frames).
 /// See [`Engine::set_idle_hook`]; the argument is true when the driver is about to sleep.
 pub type IdleHook = Box<dyn Fn(bool) + Send + Sync>;
+
+/// What the engine calls at its first abort, with the reason (see [`Engine::set_abort_hook`]).
+pub type AbortHook = Box<dyn Fn(&Error) + Send + Sync>;
 
 /// Owner handle of an engine; dropping it stops the background thread.
 pub struct Engine {
@@ -94,6 +99,7 @@ impl Engine {
                 background: Mutex::new(None),
                 stop: AtomicBool::new(false),
                 idle_hook: std::sync::OnceLock::new(),
+                abort_hook: std::sync::OnceLock::new(),
                 kick_bell: Doorbell::new(),
                 parks: AtomicU64::new(0),
                 watching: AtomicBool::new(false),
@@ -140,6 +146,17 @@ impl Engine {
     /// that what arrives next rings the doorbell.
     pub fn set_idle_hook(&self, hook: IdleHook) {
         let _ = self.inner.idle_hook.set(hook);
+    }
+
+    /// Sets the hook the engine calls at its first abort, whatever caused it: a task that
+    /// failed (a queued or parked one; the first failure fails the engine), or [`Engine::abort`].
+    /// It runs on the thread that aborts, before the engine's other work fails and its waiters
+    /// wake, outside the engine's locks: a communicator marks itself failed there, so that its
+    /// transport closes the memory peers could still write into and tells the peers, also for
+    /// callers that never look at the operation's result (the C ABI's streams). A second call
+    /// is ignored.
+    pub fn set_abort_hook(&self, hook: AbortHook) {
+        let _ = self.inner.abort_hook.set(hook);
     }
 
     /// Fails all queued and future work with `reason` and wakes every waiter.
@@ -228,14 +245,12 @@ impl EngineInner {
             return n > 0;
         }
         let mut finished = 0;
+        let mut failure = None;
         for s in streams.iter() {
             let (n, failed) = s.advance(self.timeout);
             finished += n;
             let Some(e) = failed else { continue };
-            // The streams of an engine work on the same operations: a task of another stream
-            // may wait for a notify the failed stream would have recorded, and would wait
-            // until its timeout without saying why. The first failure fails them all.
-            self.abort_with(e);
+            failure.get_or_insert(e);
             if tracing::enabled!(tracing::Level::DEBUG) {
                 // What every other stream was waiting for: the cause of a timeout is often
                 // another stream's stuck task.
@@ -247,6 +262,13 @@ impl EngineInner {
             }
         }
         drop(streams);
+        if let Some(e) = failure {
+            // The streams of an engine work on the same operations: a task of another stream
+            // may wait for a notify the failed stream would have recorded, and would wait
+            // until its timeout without saying why. The first failure fails them all (after
+            // the streams' lock is released: the abort hook may take a while).
+            self.abort_with(e);
+        }
         self.finished(finished);
         finished > 0
     }
@@ -382,12 +404,18 @@ impl EngineInner {
         }
     }
 
+    /// Aborts with `reason` unless aborted already; the first abort runs the abort hook
+    /// before anything else sees it.
     pub(crate) fn abort_with(&self, reason: Error) {
         let mut a = lock(&self.abort);
-        if a.is_none() {
-            *a = Some(reason);
+        let first = a.is_none();
+        if first {
+            *a = Some(reason.clone());
         }
         drop(a);
+        if first && let Some(hook) = self.abort_hook.get() {
+            hook(&reason);
+        }
         self.aborted.store(true, Ordering::Release);
         self.kick_bell.ring();
         self.bell.ring();
@@ -588,6 +616,48 @@ mod tests {
         assert_eq!(
             s.synchronize().unwrap_err(),
             Error::Aborted("by test".into())
+        );
+    }
+
+    /// The abort hook runs once, with the first failure, before the engine's other work
+    /// fails: a waiter on another stream sees the abort only after the hook has run.
+    #[test]
+    fn abort_hook_runs_once_before_the_other_work_fails() {
+        use std::sync::atomic::AtomicBool;
+        let e = engine();
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let other_failed = Arc::new(AtomicBool::new(false));
+        let (other, failing) = (e.stream(), e.stream());
+        let n = e.notify();
+        // SAFETY: no pointers.
+        unsafe {
+            other.enqueue(Task::Wait {
+                notify: n.clone(),
+                target: n.next_wait(),
+            })
+        };
+        let seen = other.record();
+        let (c, f, ev) = (calls.clone(), other_failed.clone(), seen.clone());
+        e.set_abort_hook(Box::new(move |err| {
+            f.store(ev.is_done(), Ordering::SeqCst);
+            lock(&c).push(err.clone());
+        }));
+        // SAFETY: no pointers.
+        unsafe {
+            failing.enqueue(Task::Callback(Box::new(|| {
+                Poll::Ready(Err(Error::InvalidUsage("boom".into())))
+            })))
+        };
+        assert_eq!(
+            failing.synchronize().unwrap_err(),
+            Error::InvalidUsage("boom".into())
+        );
+        assert_eq!(seen.wait().unwrap_err(), Error::InvalidUsage("boom".into()));
+        e.abort(Error::Aborted("later".into()));
+        assert_eq!(*lock(&calls), [Error::InvalidUsage("boom".into())]);
+        assert!(
+            !other_failed.load(Ordering::SeqCst),
+            "the hook ran after the abort"
         );
     }
 

@@ -57,7 +57,7 @@ pub(crate) struct CommInner {
     /// Where the next call's first receive slot in `CclIn` starts (see
     /// [`crate::steps::window`]); read and written by `orchestrate` under `link_table`'s lock.
     window_cursor: AtomicUsize,
-    failed: AtomicBool,
+    failure: Arc<Failure>,
     /// What the local ranks agreed on about their host at init.
     host: HostFacts,
     /// Which ranks share a host.
@@ -158,6 +158,20 @@ impl Communicator {
         if rank == 0 {
             tracing::info!("communicator of {world} ranks: {config:?}");
         }
+        // Any failure the engine sees (a task's error, its own timeouts; also where nobody
+        // looks at the result, as with the C ABI's streams) marks the communicator failed.
+        // The hook holds no communicator: the engine's own thread may run it, and must not
+        // drop the engine it runs on.
+        let failure = Arc::new(Failure {
+            rank,
+            failed: AtomicBool::new(false),
+        });
+        let (marks, told) = (failure.clone(), Arc::downgrade(&transport));
+        engine.set_abort_hook(Box::new(move |e| {
+            if let Some(t) = told.upgrade() {
+                marks.mark(&*t, &e.to_string(), true);
+            }
+        }));
         Ok(Communicator {
             inner: Arc::new(CommInner {
                 rank,
@@ -176,7 +190,7 @@ impl Communicator {
                 seq: AtomicU64::new(0),
                 collectives: AtomicU64::new(0),
                 window_cursor: AtomicUsize::new(0),
-                failed: AtomicBool::new(false),
+                failure,
                 host,
                 topology,
                 splits: AtomicU64::new(0),
@@ -320,7 +334,7 @@ impl Communicator {
         if let Some(e) = c.engine.abort_reason() {
             return Err(e);
         }
-        if c.failed.load(Ordering::Acquire) {
+        if c.failure.failed.load(Ordering::Acquire) {
             return Err(Error::InvalidUsage(
                 "the communicator failed earlier (see the first error); abort and recreate it"
                     .into(),
@@ -493,13 +507,27 @@ impl CommInner {
     /// Marks the communicator failed and tells the peers; `log`: say so at error level (an
     /// application's own abort is no error of the library's and is only logged at `info`).
     fn mark_failed(&self, msg: &str, log: bool) {
+        self.failure.mark(&*self.transport, msg, log);
+    }
+}
+
+/// Whether a communicator failed: shared by the communicator and its engine's abort hook.
+struct Failure {
+    rank: usize,
+    failed: AtomicBool,
+}
+
+impl Failure {
+    /// Marks the communicator failed; the first call logs `msg` (at error level if `log`)
+    /// and has `transport` tell the peers and close what they could still write into.
+    fn mark(&self, transport: &dyn Transport, msg: &str, log: bool) {
         if !self.failed.swap(true, Ordering::AcqRel) {
             if log {
                 tracing::error!("rank {}: {msg}", self.rank);
             } else {
                 tracing::info!("rank {}: {msg}", self.rank);
             }
-            self.transport.mark_failed(msg);
+            transport.mark_failed(msg);
         }
     }
 }

@@ -40,8 +40,8 @@
 //! provider is not offered by `fi_getinfo` for our hints.
 //!
 //! Failure closes the door to our memory. When the device reports an error (a peer lost or
-//! failed, a transfer's own timeout) and when the communicator is marked failed (as the Rust
-//! API does for every failed operation) or dropped after a failure, it first reads the queue
+//! failed, a transfer's own timeout) and when the communicator is marked failed (at its
+//! engine's first failed operation) or dropped after a failure, it first reads the queue
 //! and waits up to a second for our writes and reads still with the provider (libfabric
 //! cancels none: a peer that is alive completes them, one that is gone fails them; data that
 //! already arrived completes its transfer meanwhile), then withdraws the writes still queued
