@@ -83,7 +83,7 @@ fn iterations(size: usize, iters: Option<usize>, warmup: Option<usize>) -> (usiz
 }
 
 /// Median and minimum of `t` (not empty).
-fn median_min(mut t: Vec<f64>) -> (f64, f64) {
+pub(crate) fn median_min(mut t: Vec<f64>) -> (f64, f64) {
     t.sort_by(f64::total_cmp);
     ((t[(t.len() - 1) / 2] + t[t.len() / 2]) / 2.0, t[0])
 }

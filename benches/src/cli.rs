@@ -95,6 +95,10 @@ pub struct SweepArgs {
     /// Check results (0 or 1).
     #[arg(short = 'c', long = "check", default_value_t = 1)]
     pub check: u8,
+    /// Time every call and report the median instead of the mean (the slowest rank's
+    /// median): one slow spell of a shared host then moves the figure by at most one call.
+    #[arg(long = "median")]
+    pub median: bool,
     /// User buffers in shared user memory, which peers reach directly (1), or on the heap (0):
     /// nccl-tests' `-R` (buffer registration), here `ampccl::SharedBuf`.
     #[arg(short = 'R', long = "registered", default_value_t = 0)]

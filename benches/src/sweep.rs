@@ -423,12 +423,26 @@ fn measure<T: Num>(
         call(&mut out, &mut buf).map_err(|e| e.to_string())?;
     }
     comm.barrier().map_err(|e| e.to_string())?;
-    let t0 = Instant::now();
-    for _ in 0..a.iters {
-        call(&mut out, &mut buf).map_err(|e| e.to_string())?;
-    }
-    let calls = a.iters.max(1) * if coll == Coll::PingPong { 2 } else { 1 };
-    let mut t = [t0.elapsed().as_secs_f64() * 1e6 / calls as f64];
+    let per_iter = if coll == Coll::PingPong { 2.0 } else { 1.0 };
+    let mut t = [if a.median {
+        let mut each = Vec::with_capacity(a.iters);
+        for _ in 0..a.iters {
+            let t0 = Instant::now();
+            call(&mut out, &mut buf).map_err(|e| e.to_string())?;
+            each.push(t0.elapsed().as_secs_f64());
+        }
+        if each.is_empty() {
+            0.0
+        } else {
+            crate::ceiling::median_min(each).0 * 1e6 / per_iter
+        }
+    } else {
+        let t0 = Instant::now();
+        for _ in 0..a.iters {
+            call(&mut out, &mut buf).map_err(|e| e.to_string())?;
+        }
+        t0.elapsed().as_secs_f64() * 1e6 / (a.iters.max(1) as f64 * per_iter)
+    }];
     comm.all_reduce_in_place(&mut t, ampccl::ReduceOp::Max)
         .map_err(|e| e.to_string())?;
     let mut wrong = 0usize;

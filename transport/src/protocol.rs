@@ -197,7 +197,7 @@ fn raise(counter: &AtomicU32, to: u32) {
 /// count in its clear-to-send entry).
 pub static STRIPE_MIN: Param = Param::new(
     "RMA_STRIPE_MIN",
-    256 << 10,
+    512 << 10,
     (4 << 10, 1 << 30),
     Unit::Bytes,
     "smallest stripe when a transfer is split over an RMA device's channels (the ofi \
