@@ -4,7 +4,7 @@
 //! |---|---|---|
 //! | `AMPCCL_SPLIT_CONTROLLER` | `bw` | split controller: `bw`, `tcp`, `dcqcn`, `static`, `static:<alpha>` (the older name `AMPCCL_ALGO` is accepted, with a deprecation warning) |
 //! | `AMPCCL_PARAM_FILE` | (none) | learned table: loaded at init if valid, saved at destroy |
-//! | `AMPCCL_REPORT` | 0 | `1`: print the learned table ([`super::report`]) at exit |
+//! | `AMPCCL_REPORT` | 0 | `1`: print the learned table ([`mod@super::report`]) at exit |
 
 use std::path::PathBuf;
 

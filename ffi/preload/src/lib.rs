@@ -5,7 +5,7 @@
 //! The library exports only the NCCL functions it must see — communicator creation and
 //! destruction (to know domains, ranks and devices), groups (to defer joins), the five
 //! collectives, and `ncclCommGetAsyncError` (to report a failed PCIe part) — and leaves every
-//! other symbol to the real `libnccl.so.2` ([`real`]). Nothing runs at load time; the first
+//! other symbol to the real `libnccl.so.2` ([`mod@real`]). Nothing runs at load time; the first
 //! intercepted call reads the settings ([`config`]) and finds NCCL, each function on its own:
 //! one an older NCCL lacks fails only its own hook (`ncclSystemError`) and what needs it.
 //! `AMPCCL_ENABLE=0` makes every hook a plain jump to NCCL.

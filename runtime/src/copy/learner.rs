@@ -51,7 +51,7 @@ impl SharedCopy {
     /// Copies `len` bytes from `src` to `dst` (see the type's documentation).
     ///
     /// # Safety
-    /// As [`copy`].
+    /// As [`super::copy`].
     pub unsafe fn copy(&self, dst: *mut u8, src: *const u8, len: usize) {
         self.stores.run(len, |streaming| {
             let from = if streaming { 0 } else { usize::MAX };

@@ -15,7 +15,7 @@
 //!   plain or streaming stores, whichever the online [`learner`] measures cheaper at the time.
 //!
 //! Where one source goes to two places (an operation's own output and memory a peer reads),
-//! [`tee`] copies it in one pass, block by block, each destination stored for its reader.
+//! [`tee()`] copies it in one pass, block by block, each destination stored for its reader.
 //!
 //! Streaming stores are weakly ordered: [`copy`] ends with `sfence`, so a release store after
 //! it (a completion flag another process polls) is ordered after the copied data, as it is after

@@ -32,7 +32,7 @@ pub(super) trait HalfFloat: Copy {
 impl HalfFloat for f16 {
     const ZERO: Self = f16::ZERO;
 
-    /// F16C's `vcvtph2ps` where [`dispatch`] enabled it, else `half`'s conversion.
+    /// F16C's `vcvtph2ps` where [`super::isa::dispatch`] enabled it, else `half`'s conversion.
     #[inline(always)]
     fn widen<I: Isa>(src: &[Self; HALF_LANES]) -> [f32; HALF_LANES] {
         #[cfg(target_arch = "x86_64")]
@@ -53,7 +53,7 @@ impl HalfFloat for f16 {
         src.map(f16::to_f32)
     }
 
-    /// F16C's `vcvtps2ph` (round to nearest even) where [`dispatch`] enabled it, else `half`'s.
+    /// F16C's `vcvtps2ph` (round to nearest even) where [`super::isa::dispatch`] enabled it, else `half`'s.
     #[inline(always)]
     fn narrow<I: Isa>(src: &[f32; HALF_LANES]) -> [Self; HALF_LANES] {
         #[cfg(target_arch = "x86_64")]

@@ -83,7 +83,7 @@ macro_rules! with_op {
     };
 }
 
-/// The three aliasing shapes [`reduce`] can be called with, as references.
+/// The three aliasing shapes [`super::reduce`] can be called with, as references.
 pub(super) enum Operands<'a, T> {
     /// `dst = a ⊕ b`, `dst` disjoint from both.
     Three {
@@ -101,7 +101,7 @@ pub(super) enum Operands<'a, T> {
 }
 
 /// # Safety
-/// See [`reduce`]; `T` must be the element type the caller's `dtype` names.
+/// See [`super::reduce`]; `T` must be the element type the caller's `dtype` names.
 #[inline(always)]
 pub(super) unsafe fn reduce_raw<T: Reducible>(
     op: ReduceOp,
@@ -205,7 +205,7 @@ impl<T: Copy + std::ops::DivAssign> Job for DivFloat<'_, T> {
     }
 }
 
-/// An element type [`reduce`] and [`finish_avg`] handle.
+/// An element type [`super::reduce`] and [`super::finish_avg`] handle.
 pub(super) trait Reducible: Copy {
     fn reduce(op: ReduceOp, ops: Operands<'_, Self>);
     fn finish_avg(dst: &mut [Self], n: usize);
