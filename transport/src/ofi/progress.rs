@@ -21,12 +21,18 @@ use crate::bootstrap::poll_readable;
 const PING_EVERY: Duration = Duration::from_millis(300);
 /// Longest sleep of the progress thread on the completion queue's descriptor.
 const IDLE_WAIT_MS: i32 = 100;
-/// How often the progress thread looks whether the engine still polls, while it does (with
-/// manual progress, a peer's writes move only while somebody reads our queue: an engine busy
-/// elsewhere leaves them to the thread after [`crate::handback::ENGINE_GRACE`] and this; so
-/// does libfabric 2.x's `tcp`, which reports automatic progress but, with a wait object on
+/// How often the progress thread first looks whether the engine still polls, while it does
+/// (with manual progress, a peer's writes move only while somebody reads our queue: an engine
+/// busy elsewhere leaves them to the thread after [`crate::handback::ENGINE_GRACE`] and this;
+/// so does libfabric 2.x's `tcp`, which reports automatic progress but, with a wait object on
 /// the queue, ran no thread of its own in a profile of a ping-pong).
 const ENGINE_RECHECK_MS: i32 = 1;
+/// Longest interval between those looks: each one that finds the engine still polling
+/// doubles it, up to this. Every look wakes the thread, which then takes the core from an
+/// engine thread pinned to the same one (about 30 µs a time; at one look a millisecond, 5 %
+/// of an 8-byte ping-pong's time: docs/TUNING.md); an engine that stops polling without
+/// handing the queue back (busy in a long task) leaves it unread for at most this long.
+const ENGINE_RECHECK_MAX_MS: i32 = 8;
 
 /// Blocks until one of `fds` is readable or `ms` pass (an error of `poll` only ends the wait
 /// early: the loop around it looks again).
@@ -55,6 +61,7 @@ pub(super) fn block_on_queue(cq: Option<i32>, also: &[i32], ms: i32) {
 /// after the word is taken, so neither is missed).
 pub(super) fn progress_thread(d: Arc<Shared>) {
     let mut last_ping = Instant::now();
+    let mut recheck = ENGINE_RECHECK_MS;
     loop {
         d.handback.take();
         if d.stop.load(Ordering::Acquire) {
@@ -85,9 +92,13 @@ pub(super) fn progress_thread(d: Arc<Shared>) {
             d.bell.ring();
         }
         let (cq, word) = (d.wait_fd, d.handback.fd());
+        if !busy {
+            recheck = ENGINE_RECHECK_MS;
+        }
         if may_block {
             if busy {
-                block(&[word], ENGINE_RECHECK_MS);
+                block(&[word], recheck);
+                recheck = (recheck * 2).min(ENGINE_RECHECK_MAX_MS);
             } else {
                 block_on_queue(cq, &[word], IDLE_WAIT_MS);
             }
