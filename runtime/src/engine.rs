@@ -150,11 +150,12 @@ impl Engine {
 
     /// Sets the hook the engine calls at its first abort, whatever caused it: a task that
     /// failed (a queued or parked one; the first failure fails the engine), or [`Engine::abort`].
-    /// It runs on the thread that aborts, before the engine's other work fails and its waiters
-    /// wake, outside the engine's locks: a communicator marks itself failed there, so that its
-    /// transport closes the memory peers could still write into and tells the peers, also for
-    /// callers that never look at the operation's result (the C ABI's streams). A second call
-    /// is ignored.
+    /// It runs on the thread that aborts, outside the streams' lock, before the abort shows
+    /// (the other streams' work fails, their waiters wake, a concurrent abort returns); the
+    /// failed task's own stream has recorded its error already. A communicator marks itself
+    /// failed there, so that its transport closes the memory peers could still write into and
+    /// tells the peers, also for callers that never look at the operation's result (the C
+    /// ABI's streams). A second call is ignored.
     pub fn set_abort_hook(&self, hook: AbortHook) {
         let _ = self.inner.abort_hook.set(hook);
     }
@@ -404,18 +405,18 @@ impl EngineInner {
         }
     }
 
-    /// Aborts with `reason` unless aborted already; the first abort runs the abort hook
-    /// before anything else sees it.
+    /// Aborts with `reason` unless aborted already. The first abort runs the abort hook before
+    /// the abort shows: under the reason's lock, so that a concurrent abort waits for the hook
+    /// too (readers of the reason take the lock only once the flag is set, after it).
     pub(crate) fn abort_with(&self, reason: Error) {
         let mut a = lock(&self.abort);
-        let first = a.is_none();
-        if first {
-            *a = Some(reason.clone());
+        if a.is_none() {
+            if let Some(hook) = self.abort_hook.get() {
+                hook(&reason);
+            }
+            *a = Some(reason);
         }
         drop(a);
-        if first && let Some(hook) = self.abort_hook.get() {
-            hook(&reason);
-        }
         self.aborted.store(true, Ordering::Release);
         self.kick_bell.ring();
         self.bell.ring();
