@@ -106,8 +106,8 @@ impl Header {
 /// decode (so that a peer sending something malformed is the one cut off); `None` when not
 /// even the header arrived.
 pub fn sender_of(msg: &[u8]) -> Option<u32> {
-    let from = msg.get(FROM_AT..FROM_AT + 4)?;
-    Some(u32::from_le_bytes(from.try_into().expect("4 bytes")))
+    let from: [u8; 4] = msg.get(FROM_AT..FROM_AT + 4)?.try_into().ok()?;
+    Some(u32::from_le_bytes(from))
 }
 
 /// Decodes a received message of `msg.len()` bytes for a FIFO of `depth` slots whose eager
