@@ -69,10 +69,12 @@ else
 fi
 
 # --with-libfabric wants DIR/include and DIR/lib: the version's public headers (only rdma/: the
-# internal ones of include/ would shadow fabtests' own) and the library's directory.
-mkdir -p "$build/libfabric/include"
+# internal ones of include/ would shadow fabtests' own) and a libfabric.so to link against, a link
+# to the library's libfabric.so.1 (Debian's libfabric1 package ships no libfabric.so).
+mkdir -p "$build/libfabric/include" "$build/libfabric/lib"
 ln -s "$build/include/rdma" "$build/libfabric/include/rdma"
-ln -s "$(realpath "$libdir")" "$build/libfabric/lib"
+ln -s "$(realpath "$libdir/libfabric.so.1")" "$build/libfabric/lib/libfabric.so"
+ln -s "$(realpath "$libdir/libfabric.so.1")" "$build/libfabric/lib/libfabric.so.1"
 cd "$build/fabtests"
 [ -x configure ] || ./autogen.sh >autogen.log 2>&1 || { cat autogen.log >&2; exit 1; }
 ./configure -q --prefix="$prefix" --with-libfabric="$build/libfabric" \

@@ -388,6 +388,17 @@ ofi_tests!(RXM, "broadcast": ofi_broadcast_w3 = 3);
 ofi_tests!(RXM, "all_to_all": ofi_all_to_all_w3 = 3);
 ofi_tests!(RXM, "sendrecv": ofi_sendrecv_w3 = 3);
 ofi_tests!(RXM, "barrier": ofi_barrier_w3 = 3);
+
+/// `ofi_rxm` with 36 KiB bounce buffers (`FI_OFI_RXM_BUFFER_SIZE`): eager messages up to
+/// 32 KiB, so 4099 four-byte elements go eagerly where the default buffer sends them by
+/// rendezvous.
+#[test]
+fn ofi_rxm_large_buffers_sendrecv_w2() {
+    if let Some(l) = ofi::over(Launch::new(2, "sendrecv"), RXM) {
+        l.env("FI_OFI_RXM_BUFFER_SIZE", "36864").run();
+    }
+}
+
 // libfabric 1.17's `shm` (virtual addresses, no wait object), and libfabric 2.x's `tcp` (its
 // own reliable datagrams, automatic progress) from Intel MPI's wheel.
 ofi_tests!(Libfabric::System("shm"), "allreduce_mixed": ofi_shm_allreduce_mixed_w2 = 2);

@@ -171,7 +171,12 @@ pub fn connect(
             (false, _) => open_default(library(), provider_from_env().as_deref(), one_host),
         };
         let msg = match &opened {
-            Ok(e) => format!("ok\n{}\n{}", e.rails(), e.caps.provider),
+            Ok(e) => format!(
+                "ok\n{}\n{}\n{}",
+                e.rails(),
+                eager_max(&e.caps.provider),
+                e.caps.provider
+            ),
             Err(why) => format!("error\n{why}"),
         };
         ep = opened.ok();
@@ -180,11 +185,13 @@ pub fn connect(
         boot.broadcast(TAG_PROVIDER, 0, None)?
     };
     let chosen = String::from_utf8_lossy(&chosen).into_owned();
-    let (rails, name) = match chosen.split_once('\n') {
-        Some(("ok", rest)) => match rest.split_once('\n') {
-            Some((n, name)) => (n.parse::<usize>().unwrap_or(0), name.to_string()),
-            None => (0, String::new()),
-        },
+    let (rails, eager, name) = match chosen.split_once('\n') {
+        Some(("ok", rest)) => {
+            let mut f = rest.splitn(3, '\n');
+            let mut number = || f.next().and_then(|n| n.parse::<usize>().ok()).unwrap_or(0);
+            let (rails, eager) = (number(), number());
+            (rails, eager, f.next().unwrap_or_default().to_string())
+        }
         Some((_, why)) if auto => {
             if rank == 0 {
                 tracing::debug!("ofi: not across these hosts: {why}");
@@ -196,6 +203,10 @@ pub fn connect(
     };
     if !(1..=RAILS.max as usize).contains(&rails) {
         return Err(setup_err("rank 0 sent no rail count"));
+    }
+    // Every rank's receives hold rank 0's largest message: one size for all.
+    if !(1 << 10..=1 << 20).contains(&eager) {
+        return Err(setup_err("rank 0 sent no eager size"));
     }
     let ep = match ep {
         Some(ep) => Ok(ep),
@@ -262,7 +273,6 @@ pub fn connect(
     }
     let caps = ep.caps.clone();
     let version = ep.version();
-    let eager = eager_max(&caps.provider);
     let mut state = State::new(ep, rank, peers, cfg.fifo_depth, eager);
     for _ in 0..state::recvs(world - 1) {
         let buf = vec![0u8; wire::msg_max(eager)].into_boxed_slice();
@@ -274,7 +284,7 @@ pub fn connect(
     boot.barrier(TAG_READY)?;
     tracing::info!(
         "rank {rank}: ofi: libfabric {version}, provider {}, {rails} rail(s) ({} progress, {} \
-         keys, registered memory addressed by {}{})",
+         keys, registered memory addressed by {}{}, eager messages up to {eager} B)",
         caps.provider,
         if caps.manual { "manual" } else { "auto" },
         if caps.prov_key {
