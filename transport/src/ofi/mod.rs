@@ -18,7 +18,9 @@
 //!   landed;
 //! - the immediate travels as a message naming how many writes it completes: the receive
 //!   completes once both are in, whatever order the provider delivered them in, and the
-//!   region's registration closes. The send leaves with its immediate; its writes complete
+//!   region's registration closes. (Letting the last write's landing complete the transfer
+//!   instead saves that message, but measured slower over the kernel's sockets:
+//!   docs/PERFORMANCE.md.) The send leaves with its immediate; its writes complete
 //!   later on the queue, and the send is done (its buffer free) once they all have
 //!   ([`crate::device::RmaDevice::send_done`]), so the engine goes on meanwhile;
 //! - eager messages, credits, acks and failure notes are messages into receives posted for
