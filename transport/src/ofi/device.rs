@@ -13,6 +13,7 @@ use ampccl_runtime::mem::HostBuffer;
 use ampccl_runtime::task::CopyTo;
 use ampccl_runtime::{Error, Result};
 
+use super::peer::{Region, Striped};
 use super::progress;
 use super::state::State;
 use super::sys;
@@ -84,7 +85,8 @@ pub struct Shared {
     eager_max: usize,
     state: Mutex<State>,
     descs: Vec<String>,
-    pub(super) wait_fd: Option<i32>,
+    /// The completion queues' descriptors (none without wait objects).
+    pub(super) wait_fds: Vec<i32>,
     virt_addr: bool,
     pub(super) bell: Doorbell,
     /// The engine's polls of the endpoint, and its word before it sleeps
@@ -119,7 +121,7 @@ impl OfiDevice {
         virt_addr: bool,
         timeout: Duration,
     ) -> Result<Arc<OfiDevice>> {
-        let wait_fd = state.ep.wait_fd();
+        let wait_fds = state.ep.wait_fds().to_vec();
         let shared = Arc::new(Shared {
             rank,
             depth,
@@ -127,7 +129,7 @@ impl OfiDevice {
             eager_max: state.eager_max,
             state: Mutex::new(state),
             descs,
-            wait_fd,
+            wait_fds,
             virt_addr,
             bell: Doorbell::new(),
             polled: PollMark::default(),
@@ -199,7 +201,7 @@ impl Shared {
             self.polled.mark();
             let may_block = {
                 let mut s = self.lock();
-                let any = s.progress();
+                let any = s.progress_all();
                 if done(&mut s) {
                     return Ok(());
                 }
@@ -220,7 +222,7 @@ impl Shared {
                 )));
             }
             if may_block {
-                progress::block_on_queue(self.wait_fd, &[], 1);
+                progress::block_on_queue(&self.wait_fds, &[], 1);
             }
         }
     }
@@ -251,7 +253,7 @@ impl Shared {
         let deadline = Instant::now() + limit;
         loop {
             let mut s = self.lock();
-            s.progress();
+            s.progress_all();
             if done(&s) {
                 return true;
             }
@@ -259,7 +261,7 @@ impl Shared {
                 return false;
             }
             drop(s);
-            progress::block_on_queue(self.wait_fd, &[], 1);
+            progress::block_on_queue(&self.wait_fds, &[], 1);
         }
     }
 
@@ -342,7 +344,9 @@ impl RmaDevice for OfiDevice {
                 s.ep.register(entry.addr as *const u8, entry.size as usize, access)
                     .map_err(|why| self.post_err(peer, "a clear-to-send", why))?;
             let rkey = mr.key;
-            s.peer(peer).regions[slot] = Some(mr);
+            // Stripes beyond the first come over the other rails.
+            let striped = (entry.nreqs & !CTS_READ > 1).then(|| Striped::new(&s.open_stripes));
+            s.peer(peer).regions[slot] = Some(Region::new(mr, striped));
             rkey
         } else {
             0

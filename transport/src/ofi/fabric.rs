@@ -1,11 +1,14 @@
 //! One opened libfabric domain and what hangs off it: the provider's description, fabric,
-//! domain, address vector, completion queue (with a file-descriptor wait object where the
+//! domain, address vector, completion queues (with a file-descriptor wait object where the
 //! provider offers one) and one or more reliable-datagram endpoints (*rails*: each has its own
 //! connections to the peers' rails, and large writes are striped over them), plus memory
-//! registrations. Every rail shares the address vector and the completion queue, so one read
-//! of the queue sees (and, with manual progress, drives) all of them. Every call into the data
-//! path goes through the function tables of these objects, as the inline functions of
-//! libfabric's headers do ([`super::sys`]).
+//! registrations. Every rail shares the address vector. Rail 0, which carries the messages and
+//! every transfer of one stripe, completes on queue 0; the other rails, which carry only the
+//! further stripes of large transfers, share queue 1. A read of a queue sees (and, with manual
+//! progress, drives) only its own rails: over `ofi_rxm` each rail's endpoint is driven on
+//! every read, a system call per idle rail, so the device reads queue 1 less often
+//! ([`super::state`]). Every call into the data path goes through the function tables of these
+//! objects, as the inline functions of libfabric's headers do ([`super::sys`]).
 //!
 //! An [`Endpoint`] is not synchronized: the device calls it under one lock (the domain is
 //! opened with `FI_THREAD_DOMAIN`).
@@ -43,10 +46,13 @@ pub struct Endpoint {
     fabric: *mut sys::FidFabric,
     domain: *mut sys::FidDomain,
     av: *mut sys::FidAv,
-    cq: *mut sys::FidCq,
+    /// Queue 0 (rail 0) and, with more rails, queue 1 (the others).
+    cqs: Vec<*mut sys::FidCq>,
     /// The rails; messages go on rail 0.
     eps: Vec<*mut sys::FidEp>,
-    wait_fd: Option<RawFd>,
+    /// Every queue's wait descriptor, or none (a queue without one: the device then polls
+    /// with short sleeps).
+    wait_fds: Vec<RawFd>,
     /// The last application-chosen memory key (random start: peers cannot guess keys).
     last_key: u64,
     pub caps: Caps,
@@ -215,6 +221,50 @@ fn check(lib: &Lib, what: &str, rc: c_int) -> Result<(), String> {
     }
 }
 
+/// The completion queue of rail `rail`: 0 for rail 0 (messages and transfers of one stripe),
+/// 1 for the others (further stripes).
+pub fn queue_of(rail: usize) -> usize {
+    rail.min(1)
+}
+
+/// Opens a completion queue of `domain` with a file-descriptor wait object, with that
+/// descriptor; where the provider offers none, one without.
+///
+/// # Safety
+/// `domain` must be a live domain opened through `lib`.
+unsafe fn open_cq(
+    lib: &Lib,
+    domain: *mut sys::FidDomain,
+) -> Result<(*mut sys::FidCq, Option<RawFd>), String> {
+    let mut attr = sys::CqAttr {
+        size: 0,
+        flags: 0,
+        format: sys::FI_CQ_FORMAT_DATA,
+        wait_obj: sys::FI_WAIT_FD,
+        signaling_vector: 0,
+        wait_cond: 0,
+        wait_set: null_mut(),
+    };
+    let mut cq = null_mut();
+    // SAFETY: a live domain's `ops` table holds `cq_open`; `attr` and `cq` are valid out and
+    // in pointers; a CQ that opened is live for its `control`.
+    unsafe {
+        let ops = (*domain).ops;
+        if ((*ops).cq_open)(domain, &mut attr, &mut cq, null_mut()) == 0 {
+            let mut fd: c_int = -1;
+            let fid = &mut (*cq).fid;
+            let rc = ((*fid.ops).control)(fid, sys::FI_GETWAIT, (&mut fd as *mut c_int).cast());
+            return Ok((cq, (rc == 0 && fd >= 0).then_some(fd)));
+        }
+        // No file descriptor to block on: the device polls with short sleeps.
+        cq = null_mut();
+        attr.wait_obj = 0;
+        let rc = ((*ops).cq_open)(domain, &mut attr, &mut cq, null_mut());
+        check(lib, "fi_cq_open", rc)?;
+    }
+    Ok((cq, None))
+}
+
 impl Endpoint {
     /// Opens endpoints of the provider `pick` picks: as many as `rails` asks for that
     /// provider (at least one).
@@ -251,9 +301,9 @@ impl Endpoint {
             fabric: null_mut(),
             domain: null_mut(),
             av: null_mut(),
-            cq: null_mut(),
+            cqs: Vec::with_capacity(2),
             eps: Vec::with_capacity(rails),
-            wait_fd: None,
+            wait_fds: Vec::with_capacity(2),
             last_key: random_key()?,
             caps,
         };
@@ -287,34 +337,19 @@ impl Endpoint {
                 "fi_av_open",
                 ((*dom.ops).av_open)(e.domain, &mut av_attr, &mut e.av, null_mut()),
             )?;
-            let mut cq_attr = sys::CqAttr {
-                size: 0,
-                flags: 0,
-                format: sys::FI_CQ_FORMAT_DATA,
-                wait_obj: sys::FI_WAIT_FD,
-                signaling_vector: 0,
-                wait_cond: 0,
-                wait_set: null_mut(),
-            };
-            if ((*dom.ops).cq_open)(e.domain, &mut cq_attr, &mut e.cq, null_mut()) == 0 {
-                let mut fd: c_int = -1;
-                let cq = &mut (*e.cq).fid;
-                if ((*cq.ops).control)(cq, sys::FI_GETWAIT, (&mut fd as *mut c_int).cast()) == 0
-                    && fd >= 0
-                {
-                    e.wait_fd = Some(fd);
-                }
-            } else {
-                // No file descriptor to block on: the device polls with short sleeps.
-                e.cq = null_mut();
-                cq_attr.wait_obj = 0;
-                check(
-                    lib,
-                    "fi_cq_open",
-                    ((*dom.ops).cq_open)(e.domain, &mut cq_attr, &mut e.cq, null_mut()),
-                )?;
+            let queues = if rails > 1 { 2 } else { 1 };
+            let mut waits = true;
+            for _ in 0..queues {
+                let (cq, fd) = open_cq(lib, e.domain)?;
+                e.cqs.push(cq);
+                waits &= fd.is_some();
+                e.wait_fds.extend(fd);
             }
-            for _ in 0..rails {
+            if !waits {
+                // One queue without a descriptor: blocking on the others could miss it.
+                e.wait_fds.clear();
+            }
+            for rail in 0..rails {
                 let mut ep = null_mut();
                 check(
                     lib,
@@ -327,7 +362,11 @@ impl Endpoint {
                 check(
                     lib,
                     "fi_ep_bind(cq)",
-                    ((*ep.ops).bind)(ep, e.cq.cast(), sys::FI_TRANSMIT | sys::FI_RECV),
+                    ((*ep.ops).bind)(
+                        ep,
+                        e.cqs[queue_of(rail)].cast(),
+                        sys::FI_TRANSMIT | sys::FI_RECV,
+                    ),
                 )?;
                 check(
                     lib,
@@ -365,9 +404,15 @@ impl Endpoint {
         self.lib.version()
     }
 
-    /// The file descriptor that becomes readable when the completion queue may have work.
-    pub fn wait_fd(&self) -> Option<RawFd> {
-        self.wait_fd
+    /// How many completion queues there are (1, or 2 with more than one rail).
+    pub fn queues(&self) -> usize {
+        self.cqs.len()
+    }
+
+    /// The descriptors that become readable when a completion queue may have work, one per
+    /// queue (none without wait objects).
+    pub fn wait_fds(&self) -> &[RawFd] {
+        &self.wait_fds
     }
 
     /// Rail `rail`'s address, for peers' address vectors.
@@ -506,14 +551,17 @@ impl Endpoint {
         unsafe { ((*(*ep).rma).read)(ep, buf.cast(), len, desc, src, addr, key, ctx) }
     }
 
-    /// Reads completions into `out` (drives the provider's progress): the entries read, or
-    /// the error completion (the operation's context and its message) that stopped it.
+    /// Reads completions of queue `queue` into `out` (drives the provider's progress on its
+    /// rails): the entries read, or the error completion (the operation's context and its
+    /// message) that stopped it.
     pub fn poll<'a>(
         &self,
+        queue: usize,
         out: &'a mut [MaybeUninit<sys::CqDataEntry>],
     ) -> Result<&'a [sys::CqDataEntry], (*mut c_void, String)> {
+        let cq = self.cqs[queue];
         // SAFETY: a live CQ's `read` writes at most `out.len()` entries of the DATA format.
-        let n = unsafe { ((*(*self.cq).ops).read)(self.cq, out.as_mut_ptr().cast(), out.len()) };
+        let n = unsafe { ((*(*cq).ops).read)(cq, out.as_mut_ptr().cast(), out.len()) };
         if n >= 0 {
             // SAFETY: the provider initialized the first `n` (<= `out.len()`) entries.
             return Ok(unsafe { std::slice::from_raw_parts(out.as_ptr().cast(), n as usize) });
@@ -530,22 +578,28 @@ impl Endpoint {
         // SAFETY: a zeroed error entry (all-integer/pointer struct) with room to spare.
         let mut err: sys::CqErrEntry = unsafe { std::mem::zeroed() };
         // SAFETY: a live CQ's `readerr` fills one entry.
-        let got = unsafe { ((*(*self.cq).ops).readerr)(self.cq, &mut err, 0) };
+        let got = unsafe { ((*(*cq).ops).readerr)(cq, &mut err, 0) };
         if got < 1 {
             return Err((null_mut(), "fi_cq_readerr found no error".into()));
         }
         Err((err.op_context, self.lib.strerror(err.err.into())))
     }
 
-    /// Whether the caller may now block on [`Endpoint::wait_fd`] (`fi_trywait`: false when
-    /// completions are ready and must be read first); true without a wait object.
+    /// Whether the caller may now block on [`Endpoint::wait_fds`] (`fi_trywait` over every
+    /// queue: false when completions are ready and must be read first); true without wait
+    /// objects.
     pub fn trywait(&self) -> bool {
-        if self.wait_fd.is_none() {
+        if self.wait_fds.is_empty() {
             return true;
         }
-        let mut fid: *mut Fid = self.cq.cast();
-        // SAFETY: a live fabric's `trywait` over our live CQ.
-        let rc = unsafe { ((*(*self.fabric).ops).trywait)(self.fabric, &mut fid, 1) };
+        let mut fids = [null_mut::<Fid>(); 2];
+        for (f, cq) in fids.iter_mut().zip(&self.cqs) {
+            *f = cq.cast();
+        }
+        // SAFETY: a live fabric's `trywait` over our live CQs (`fids` holds `cqs.len()`).
+        let rc = unsafe {
+            ((*(*self.fabric).ops).trywait)(self.fabric, fids.as_mut_ptr(), self.cqs.len() as c_int)
+        };
         if rc != 0 && rc as isize != -sys::FI_EAGAIN {
             tracing::trace!("ofi: fi_trywait: {}", self.lib.strerror(rc.into()));
         }
@@ -561,7 +615,9 @@ impl Drop for Endpoint {
             for &ep in &self.eps {
                 close(ep.cast());
             }
-            close(self.cq.cast());
+            for &cq in &self.cqs {
+                close(cq.cast());
+            }
             close(self.av.cast());
             close(self.domain.cast());
             close(self.fabric.cast());

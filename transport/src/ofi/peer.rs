@@ -5,6 +5,8 @@
 //! held back, whether it is dead).
 
 use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use super::fabric::Mr;
@@ -25,6 +27,43 @@ pub struct ImmSlot {
     /// A clear-to-send for this slot went out and no immediate was published since: only
     /// then may the peer's immediate arrive.
     open: bool,
+}
+
+/// A region one of our clear-to-send entries opened to a peer: its registration and, for a
+/// transfer cut into more than one stripe, a count held while it is open (the peer's stripes
+/// beyond the first come over the other rails, whose completion queue the device then reads:
+/// [`super::state::State::progress`]).
+pub struct Region {
+    /// Held for their drops: the registration closes, the count drops.
+    _mr: Mr,
+    _striped: Option<Striped>,
+}
+
+impl Region {
+    pub fn new(mr: Mr, striped: Option<Striped>) -> Region {
+        Region {
+            _mr: mr,
+            _striped: striped,
+        }
+    }
+}
+
+/// One open region counted in a shared count of regions reached over more than rail 0: the
+/// count drops with it, whichever way the region closes (its transfer completes, a failure
+/// revokes it).
+pub struct Striped(Arc<AtomicUsize>);
+
+impl Striped {
+    pub fn new(count: &Arc<AtomicUsize>) -> Striped {
+        count.fetch_add(1, Ordering::Relaxed);
+        Striped(count.clone())
+    }
+}
+
+impl Drop for Striped {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// A receive buffer with its registration (where the provider asks for one).
@@ -77,8 +116,8 @@ pub struct PeerState {
     pub eager: Vec<EagerSlot>,
     pub credits: Vec<u32>,
     pub acks: u32,
-    /// Registrations of our clear-to-send regions, by slot.
-    pub regions: Vec<Option<Mr>>,
+    /// Our clear-to-send regions, by slot.
+    pub regions: Vec<Option<Region>>,
     /// Our data writes per slot since its last immediate.
     pub writes: Vec<u32>,
     /// Our data writes per slot not completed yet: the send of that slot still reads its
@@ -197,6 +236,21 @@ impl PeerState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The count of striped regions follows their guards, however many and in whatever
+    /// order they drop.
+    #[test]
+    fn striped_regions_count_while_open() {
+        let count = Arc::new(AtomicUsize::new(0));
+        let a = Striped::new(&count);
+        let b = Striped::new(&count);
+        assert_eq!(count.load(Ordering::Relaxed), 2);
+        drop(a);
+        assert_eq!(count.load(Ordering::Relaxed), 1);
+        let mut slots = [Some(b), Some(Striped::new(&count))];
+        slots.iter_mut().for_each(|s| *s = None);
+        assert_eq!(count.load(Ordering::Relaxed), 0, "a revoke drops them all");
+    }
 
     fn peer() -> PeerState {
         PeerState::new(vec![0], "rank 1".into(), 4)

@@ -3,8 +3,8 @@
 //! With manual data progress (libfabric 1.17's `tcp;ofi_rxm`, `shm`) a peer's writes land in
 //! our memory only while somebody reads our completion queue, and libfabric 2.x's `tcp`,
 //! although it reports automatic progress, ran no thread of its own with a wait object on the
-//! queue. So between the engine's polls this thread reads the queue and rings the engine's
-//! doorbell when something arrived, and otherwise blocks on the queue's descriptor
+//! queue. So between the engine's polls this thread reads the queues (all of them) and rings
+//! the engine's doorbell when something arrived, and otherwise blocks on the queues' descriptors
 //! (`fi_trywait`, then `poll`) and on the engine's [`crate::handback::Handback`] word; it
 //! never spins. It also sends every peer a liveness message every [`PING_EVERY`].
 
@@ -40,13 +40,14 @@ fn block(fds: &[i32], ms: i32) {
     let _ = poll_readable(fds, Duration::from_millis(ms.max(0) as u64));
 }
 
-/// Blocks until the completion queue's descriptor `cq` is readable or `ms` pass (without a
-/// queue descriptor, a sleep of at most a millisecond: the provider then only moves when
-/// polled).
-pub(super) fn block_on_queue(cq: Option<i32>, also: &[i32], ms: i32) {
-    match cq {
-        Some(fd) => block(&[&[fd], also].concat(), ms),
-        None => block(also, ms.clamp(0, 1)),
+/// Blocks until one of the completion queues' descriptors `cqs` (or of `also`) is readable or
+/// `ms` pass (without queue descriptors, a sleep of at most a millisecond: the provider then
+/// only moves when polled).
+pub(super) fn block_on_queue(cqs: &[i32], also: &[i32], ms: i32) {
+    if cqs.is_empty() {
+        block(also, ms.clamp(0, 1));
+    } else {
+        block(&[cqs, also].concat(), ms);
     }
 }
 
@@ -73,7 +74,7 @@ pub(super) fn progress_thread(d: Arc<Shared>) {
         let (any, may_block, busy) = match state {
             None => (false, true, true),
             Some(mut s) => {
-                let any = !engine && s.progress();
+                let any = !engine && s.progress_all();
                 if ping {
                     last_ping = Instant::now();
                     for peer in (0..s.peers.len()).filter(|&p| p != d.rank) {
@@ -91,7 +92,7 @@ pub(super) fn progress_thread(d: Arc<Shared>) {
         if any {
             d.bell.ring();
         }
-        let (cq, word) = (d.wait_fd, d.handback.fd());
+        let word = d.handback.fd();
         if !busy {
             recheck = ENGINE_RECHECK_MS;
         }
@@ -100,7 +101,7 @@ pub(super) fn progress_thread(d: Arc<Shared>) {
                 block(&[word], recheck);
                 recheck = (recheck * 2).min(ENGINE_RECHECK_MAX_MS);
             } else {
-                block_on_queue(cq, &[word], IDLE_WAIT_MS);
+                block_on_queue(&d.wait_fds, &[word], IDLE_WAIT_MS);
             }
         }
     }

@@ -16,6 +16,8 @@ use std::collections::{HashMap, VecDeque};
 use std::ffi::c_void;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::mem::MaybeUninit;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::fabric::{self, Endpoint, Mr};
@@ -73,6 +75,14 @@ pub(super) enum What {
 
 impl What {
     /// The peer the operation goes to (none for a receive).
+    /// The completion queue it completes on ([`fabric::queue_of`] its rail).
+    fn queue(&self) -> usize {
+        match *self {
+            What::Write { rail, .. } | What::Read { rail, .. } => fabric::queue_of(rail),
+            What::Send { .. } | What::Recv { .. } => 0,
+        }
+    }
+
     fn peer(&self) -> Option<usize> {
         match *self {
             What::Recv { .. } => None,
@@ -198,6 +208,11 @@ pub struct State {
     pub ep: Endpoint,
     /// Whether the engine's last poll read the queue (its next one skips it).
     pub polled_fresh: bool,
+    /// Our operations with the provider on rails beyond the first (queue 1).
+    striped_ops: usize,
+    /// Our open regions that peers reach over rails beyond the first
+    /// ([`super::peer::Striped`]).
+    pub open_stripes: Arc<AtomicUsize>,
 }
 
 // SAFETY: the raw buffer pointers of queued writes and reads are only used to post them, under
@@ -231,6 +246,8 @@ impl State {
             spare_copies: Vec::new(),
             kept: None,
             polled_fresh: false,
+            striped_ops: 0,
+            open_stripes: Arc::default(),
             rank,
             depth,
             eager_max,
@@ -279,7 +296,7 @@ impl State {
             // SAFETY: the op table or the backlog owns the buffer and context from here on.
             let rc = unsafe { op.what.post(&self.ep, to, key as *mut c_void) };
             if rc == 0 {
-                self.ops.insert(key, op);
+                self.track(key, op);
                 return Ok(key);
             }
             if rc != -sys::FI_EAGAIN {
@@ -294,6 +311,20 @@ impl State {
         }
         self.backlog.push_back((key, op));
         Ok(key)
+    }
+
+    /// Keeps posted operation `op` under its context address `key` until its completion,
+    /// counting those on rails beyond the first.
+    fn track(&mut self, key: usize, op: Op) {
+        self.striped_ops += usize::from(op.what.queue() > 0);
+        self.ops.insert(key, op);
+    }
+
+    /// Takes back the operation under `key` at its completion.
+    fn untrack(&mut self, key: usize) -> Option<Op> {
+        let op = self.ops.remove(&key)?;
+        self.striped_ops -= usize::from(op.what.queue() > 0);
+        Some(op)
     }
 
     /// Posts what waits in the backlog, in order per peer; a peer whose operations have not
@@ -320,10 +351,10 @@ impl State {
                 p.stuck_since = (p.backlogged > 0).then(Instant::now);
             }
             if rc == 0 {
-                self.ops.insert(key, op);
+                self.track(key, op);
             } else {
                 let why = self.ep.strerror(rc as i64);
-                self.ops.insert(key, op);
+                self.track(key, op);
                 self.failed(key, why);
             }
         }
@@ -486,10 +517,38 @@ impl State {
     }
 
     /// Posts the receives waiting to be posted again, then reads and applies every completion
-    /// ready; whether there was any. A read that returns fewer entries than asked for has
-    /// emptied the queue: reading again would only cost another pass through the provider (a
-    /// system call with socket providers) right when something arrived.
+    /// ready on queue 0 (rail 0: messages, transfers of one stripe), and on queue 1 (the
+    /// other rails) while a transfer cut into stripes may use them: one of ours is with the
+    /// provider there, or a region of ours awaits a peer's stripes. Over `ofi_rxm` a read
+    /// drives every rail of its queue, a system call per idle rail with socket providers
+    /// (docs/PERFORMANCE.md); whether there was any.
     pub fn progress(&mut self) -> bool {
+        let stripes = self.striped_ops > 0 || self.open_stripes.load(Ordering::Relaxed) > 0;
+        self.progress_queues(stripes)
+    }
+
+    /// [`State::progress`] of every queue: for whoever blocks on the queues' descriptors
+    /// next.
+    pub fn progress_all(&mut self) -> bool {
+        self.progress_queues(true)
+    }
+
+    fn progress_queues(&mut self, stripes: bool) -> bool {
+        let mut any = self.read_queue(0);
+        if stripes && self.ep.queues() > 1 {
+            any |= self.read_queue(1);
+        }
+        if !self.backlog.is_empty() {
+            self.retry_backlog();
+        }
+        any
+    }
+
+    /// Reads and applies every completion ready on `queue`; whether there was any. A read
+    /// that returns fewer entries than asked for has emptied the queue: reading again would
+    /// only cost another pass through the provider (a system call with socket providers)
+    /// right when something arrived.
+    fn read_queue(&mut self, queue: usize) -> bool {
         const BATCH: usize = 16;
         let mut entries = [const { MaybeUninit::uninit() }; BATCH];
         let mut any = false;
@@ -497,7 +556,7 @@ impl State {
             if !self.reposts.is_empty() {
                 self.post_reposts();
             }
-            match self.ep.poll(&mut entries) {
+            match self.ep.poll(queue, &mut entries) {
                 Ok(got) => {
                     any |= !got.is_empty();
                     let full = got.len() == BATCH;
@@ -505,9 +564,6 @@ impl State {
                         self.apply(e.op_context as usize, e.flags, e.len, e.data);
                     }
                     if !full {
-                        if !self.backlog.is_empty() {
-                            self.retry_backlog();
-                        }
                         return any;
                     }
                 }
@@ -529,7 +585,7 @@ impl State {
     /// An error completion of the operation with context `key`: its peer is unreachable (a
     /// receive's buffer is posted again: it names no peer).
     fn failed(&mut self, key: usize, why: String) {
-        let Some(op) = self.ops.remove(&key) else {
+        let Some(op) = self.untrack(key) else {
             tracing::warn!("ofi: an error completion of no operation of ours: {why}");
             return;
         };
@@ -584,7 +640,7 @@ impl State {
             self.landed(data);
             return;
         }
-        let Some(op) = self.ops.remove(&key) else {
+        let Some(op) = self.untrack(key) else {
             tracing::warn!("ofi: a completion of no operation of ours (flags {flags:#x})");
             return;
         };
