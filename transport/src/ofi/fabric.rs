@@ -6,8 +6,8 @@
 //! every transfer of one stripe, completes on queue 0; the other rails, which carry only the
 //! further stripes of large transfers, share queue 1. A read of a queue sees (and, with manual
 //! progress, drives) only its own rails: over `ofi_rxm` each rail's endpoint is driven on
-//! every read, a system call per idle rail, so the device reads queue 1 less often
-//! ([`super::state`]). Every call into the data path goes through the function tables of these
+//! every read, a system call per idle rail, so the device reads queue 1 only while a
+//! transfer cut into stripes may use it ([`super::state::State::progress`]). Every call into the data path goes through the function tables of these
 //! objects, as the inline functions of libfabric's headers do ([`super::sys`]).
 //!
 //! An [`Endpoint`] is not synchronized: the device calls it under one lock (the domain is
