@@ -2,12 +2,13 @@
 //! domain, address vector, completion queues (with a file-descriptor wait object where the
 //! provider offers one) and one or more reliable-datagram endpoints (*rails*: each has its own
 //! connections to the peers' rails, and large writes are striped over them), plus memory
-//! registrations. Every rail shares the address vector. Rail 0, which carries the messages and
-//! every transfer of one stripe, completes on queue 0; the other rails, which carry only the
-//! further stripes of large transfers, share queue 1. A read of a queue sees (and, with manual
-//! progress, drives) only its own rails: over `ofi_rxm` each rail's endpoint is driven on
-//! every read, a system call per idle rail, so the device reads queue 1 only while a
-//! transfer cut into stripes may use it ([`super::state::State::progress`]). Every call into the data path goes through the function tables of these
+//! registrations. Every rail shares the address vector. With manual progress, rail 0, which
+//! carries the messages and every transfer of one stripe, completes on queue 0, and the other
+//! rails, which carry only the further stripes of large transfers, share queue 1: a read of a
+//! queue drives only its own rails (over `ofi_rxm` each rail's endpoint on every read, a
+//! system call per idle rail), so the device reads queue 1 only while a transfer cut into
+//! stripes may use it ([`super::state::State::progress`]). With automatic progress all rails
+//! share one queue. Every call into the data path goes through the function tables of these
 //! objects, as the inline functions of libfabric's headers do ([`super::sys`]).
 //!
 //! An [`Endpoint`] is not synchronized: the device calls it under one lock (the domain is
@@ -221,12 +222,6 @@ fn check(lib: &Lib, what: &str, rc: c_int) -> Result<(), String> {
     }
 }
 
-/// The completion queue of rail `rail`: 0 for rail 0 (messages and transfers of one stripe),
-/// 1 for the others (further stripes).
-pub fn queue_of(rail: usize) -> usize {
-    rail.min(1)
-}
-
 /// Opens a completion queue of `domain` with a file-descriptor wait object, with that
 /// descriptor; where the provider offers none, one without.
 ///
@@ -337,7 +332,10 @@ impl Endpoint {
                 "fi_av_open",
                 ((*dom.ops).av_open)(e.domain, &mut av_attr, &mut e.av, null_mut()),
             )?;
-            let queues = if rails > 1 { 2 } else { 1 };
+            // A queue of its own for rail 0 only where our reads drive the rails (manual
+            // progress): with automatic progress the split measured no gain
+            // (docs/PERFORMANCE.md).
+            let queues = if rails > 1 && e.caps.manual { 2 } else { 1 };
             let mut waits = true;
             for _ in 0..queues {
                 let (cq, fd) = open_cq(lib, e.domain)?;
@@ -364,7 +362,7 @@ impl Endpoint {
                     "fi_ep_bind(cq)",
                     ((*ep.ops).bind)(
                         ep,
-                        e.cqs[queue_of(rail)].cast(),
+                        e.cqs[e.queue_of(rail)].cast(),
                         sys::FI_TRANSMIT | sys::FI_RECV,
                     ),
                 )?;
@@ -404,9 +402,16 @@ impl Endpoint {
         self.lib.version()
     }
 
-    /// How many completion queues there are (1, or 2 with more than one rail).
+    /// How many completion queues there are (2 with more than one rail and manual progress,
+    /// else 1).
     pub fn queues(&self) -> usize {
         self.cqs.len()
+    }
+
+    /// The completion queue of rail `rail`: queue 0 for rail 0 (messages and transfers of one
+    /// stripe), queue 1, where there is one, for the others (further stripes).
+    pub fn queue_of(&self, rail: usize) -> usize {
+        rail.min(self.cqs.len() - 1)
     }
 
     /// The descriptors that become readable when a completion queue may have work, one per

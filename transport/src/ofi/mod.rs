@@ -27,9 +27,9 @@
 //!   any sender; each message names its sender's rank (a message naming no peer is dropped);
 //! - large writes are cut into stripes over several endpoints (*rails*, `AMPCCL_OFI_RAILS`)
 //!   of one domain, each with its own connections where the provider runs over sockets.
-//!   Rail 0 completes on one queue, the others on a second one, read only while a transfer
-//!   cut into stripes may use them (over `ofi_rxm` every read drives each rail of its queue,
-//!   a system call per idle rail). Stripe `k` of a transfer goes on rail `k`, so a transfer of
+//!   With manual progress rail 0 completes on one queue and the others on a second one,
+//!   read only while a transfer cut into stripes may use them (over `ofi_rxm` every read
+//!   drives each rail of its queue, a system call per idle rail). Stripe `k` of a transfer goes on rail `k`, so a transfer of
 //!   one stripe always takes rail 0 and each connection carries a steady share instead of a
 //!   burst now and then. Over the kernel's TCP connections the rail count follows the
 //!   host's congestion control ([`setup::rails_for`]): several paced (BBR) connections move

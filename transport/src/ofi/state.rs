@@ -74,15 +74,15 @@ pub(super) enum What {
 }
 
 impl What {
-    /// The peer the operation goes to (none for a receive).
-    /// The completion queue it completes on ([`fabric::queue_of`] its rail).
-    fn queue(&self) -> usize {
+    /// The rail it goes on (messages: rail 0).
+    fn rail(&self) -> usize {
         match *self {
-            What::Write { rail, .. } | What::Read { rail, .. } => fabric::queue_of(rail),
+            What::Write { rail, .. } | What::Read { rail, .. } => rail,
             What::Send { .. } | What::Recv { .. } => 0,
         }
     }
 
+    /// The peer the operation goes to (none for a receive).
     fn peer(&self) -> Option<usize> {
         match *self {
             What::Recv { .. } => None,
@@ -316,14 +316,14 @@ impl State {
     /// Keeps posted operation `op` under its context address `key` until its completion,
     /// counting those on rails beyond the first.
     fn track(&mut self, key: usize, op: Op) {
-        self.striped_ops += usize::from(op.what.queue() > 0);
+        self.striped_ops += usize::from(self.ep.queue_of(op.what.rail()) > 0);
         self.ops.insert(key, op);
     }
 
     /// Takes back the operation under `key` at its completion.
     fn untrack(&mut self, key: usize) -> Option<Op> {
         let op = self.ops.remove(&key)?;
-        self.striped_ops -= usize::from(op.what.queue() > 0);
+        self.striped_ops -= usize::from(self.ep.queue_of(op.what.rail()) > 0);
         Some(op)
     }
 
