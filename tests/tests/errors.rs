@@ -55,6 +55,15 @@ fn worker_entry() {
             }
             Ok(())
         }),
+        "mismatch_p2p_len" => mismatch(|c| {
+            // A receive small enough to travel eagerly against a send large enough for the
+            // rendezvous: the sender waits for a clear-to-send, the receiver for a message.
+            if c.rank() == 0 {
+                c.send(&vec![1f32; 1 << 20], 1)
+            } else {
+                c.recv(&mut [0f32; 100], 0)
+            }
+        }),
         "mismatch_reduce_root" => mismatch(|c| {
             // Every rank thinks it is the root: on 2 ranks both wait to receive.
             let root = c.rank();
@@ -436,6 +445,11 @@ fn mismatch_kind_small_w3() {
 }
 
 #[test]
+fn mismatch_p2p_len_w2() {
+    quick(2, "mismatch_p2p_len");
+}
+
+#[test]
 fn mismatch_reduce_root_w2() {
     quick(2, "mismatch_reduce_root");
 }
@@ -729,4 +743,15 @@ fn ofi_hosts_link_down_mid_collective() {
         .deadline(Duration::from_secs(40))
         .run();
     cutter.join().expect("cutter").expect("link down");
+}
+
+/// An eager receive's clear-to-send leaves only when its message stays away: a sender that
+/// takes the rendezvous for a longer message still learns of the mismatch promptly over `ofi`.
+#[test]
+fn ofi_mismatch_p2p_len_w2() {
+    if let Some(l) = ofi::over(Launch::new(2, "mismatch_p2p_len"), RXM) {
+        l.env("AMPCCL_TIMEOUT_S", "30")
+            .deadline(Duration::from_secs(60))
+            .run();
+    }
 }

@@ -6,6 +6,9 @@
 //! the same system call. When no such message comes, the engine's idle steps send them
 //! ([`crate::transport::Transport::flush`]) once the oldest has waited [`HOLD`], and the
 //! driver sends all of them before it sleeps ([`crate::transport::Transport::driver_sleeps`]).
+//! The `ofi` provider holds an eager receive's clear-to-send longer still: it rides on no
+//! message, leaves only once the receive has waited [`HOLD`] (or before the driver sleeps),
+//! and not at all when the message arrives first (`ofi::quiet`).
 //!
 //! Sending them at the first idle step instead costs a small exchange a second message each
 //! way: the credit of message `n` leaves alone while the engine waits for message `n + 1`,

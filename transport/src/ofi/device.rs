@@ -351,21 +351,25 @@ impl RmaDevice for OfiDevice {
         } else {
             0
         };
-        s.peer(peer).opened(slot);
-        let h = Header::new(Kind::Cts, slot, 0, 0, rkey);
+        let p = s.peer(peer);
+        p.opened(slot);
         let e = CtsEntry {
             key: slot as u32,
             ..*entry
         };
-        let payload = wire::encode_cts(&e);
+        if rkey == 0 && !read {
+            // An eager receive's entry only exposes a length mismatch to a rendezvous sender:
+            // it waits for the message instead (`quiet`), unless that is here already.
+            let here = &p.eager[slot];
+            if !(here.full && here.idx == e.idx) {
+                p.quiet.push(e);
+            }
+            return Ok(());
+        }
         // A peer that is gone by now needs no clear-to-send: the wait for its message names
-        // the lost peer (`peer_health`). An eager receive's entry only exposes a length
-        // mismatch to a rendezvous sender, which can wait for our next message or idle moment.
-        let _ = if rkey == 0 && !read {
-            s.defer(peer, &h, &payload)
-        } else {
-            s.send(peer, &h, &payload)
-        };
+        // the lost peer (`peer_health`).
+        let h = Header::new(Kind::Cts, slot, 0, 0, rkey);
+        let _ = s.send(peer, &h, &wire::encode_cts(&e));
         Ok(())
     }
 

@@ -142,7 +142,9 @@ impl State {
             v.extend_from_slice(payload);
             Some(Payload::Copied(v))
         };
-        let s = &mut self.peer(peer).eager[slot];
+        let p = self.peer(peer);
+        p.quiet.arrived(slot as u32, h.a);
+        let s = &mut p.eager[slot];
         (s.idx, s.tag, s.full, s.payload) = (h.a, h.b, true, copied);
         Ok(())
     }

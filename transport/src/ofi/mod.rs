@@ -62,6 +62,7 @@ mod incoming;
 mod outgoing;
 mod peer;
 mod progress;
+mod quiet;
 mod setup;
 mod state;
 mod sys;

@@ -8,7 +8,7 @@
 use super::fabric::Mr;
 use super::state::{Op, State, What};
 use super::sys::{self, Context2};
-use super::wire::{self, Header};
+use super::wire::{self, Header, Kind};
 
 /// Most message buffers kept for reuse.
 const SEND_POOL: usize = 64;
@@ -112,13 +112,20 @@ impl State {
     }
 
     /// Sends what is deferred to every peer (`all`), or to those whose oldest deferred
-    /// message has waited [`crate::hold::HOLD`]. A peer that is gone needs none of it.
+    /// message has waited [`crate::hold::HOLD`], with the clear-to-send entries of eager
+    /// receives that are due ([`super::quiet::Quiet::due`]). A peer that is gone needs none
+    /// of it.
     pub fn flush(&mut self, all: bool) {
         for peer in 0..self.peers.len() {
-            let due = match self.peers[peer].as_mut() {
-                Some(p) if !p.deferred.is_empty() => all || p.held.due(),
-                _ => false,
+            let Some(p) = self.peers[peer].as_mut() else {
+                continue;
             };
+            let quiet = p.quiet.due(all);
+            let due = !quiet.is_empty() || (!p.deferred.is_empty() && (all || p.held.due()));
+            for e in &quiet {
+                let h = Header::new(Kind::Cts, e.key as usize, 0, 0, 0);
+                let _ = self.defer(peer, &h, &wire::encode_cts(e));
+            }
             if due {
                 let _ = self.flush_peer(peer);
             }

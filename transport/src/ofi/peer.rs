@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use super::fabric::Mr;
+use super::quiet::Quiet;
 use super::sys::FiAddr;
 use crate::device::CtsEntry;
 use crate::hold::Held;
@@ -127,13 +128,16 @@ pub struct PeerState {
     pub failed: Option<String>,
     /// Why the peer is unreachable or was cut off.
     pub dead: Option<String>,
-    /// Messages nobody waits for yet (credits, the clear-to-send entries of eager receives),
-    /// as a [`super::wire::Kind::Batch`] payload: they leave with the next message to the peer, or once
-    /// the engine has idled [`crate::hold::HOLD`] or is about to sleep
-    /// ([`super::state::State::flush`]).
+    /// Messages nobody waits for yet (credits; the clear-to-send entries of eager receives
+    /// once due, see `quiet`), as a [`super::wire::Kind::Batch`] payload: they leave with the
+    /// next message to the peer, or once the engine has idled [`crate::hold::HOLD`] or is
+    /// about to sleep ([`super::state::State::flush`]).
     pub deferred: Vec<u8>,
     /// Since when the oldest of `deferred` waits.
     pub held: Held,
+    /// The clear-to-send entries of our eager receives whose message has not arrived: they
+    /// leave only if it stays away ([`Quiet`]).
+    pub quiet: Quiet,
     /// Our operations to the peer waiting in the backlog, and since when none has moved.
     pub backlogged: usize,
     pub stuck_since: Option<Instant>,
@@ -156,6 +160,7 @@ impl PeerState {
             dead: None,
             deferred: Vec::new(),
             held: Held::default(),
+            quiet: Quiet::default(),
             backlogged: 0,
             stuck_since: None,
         }
