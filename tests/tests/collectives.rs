@@ -438,6 +438,29 @@ fn ofi_allreduce_mixed_w2_rails() {
     }
 }
 
+/// Over `ofi` with completion queues that have no wait object (`AMPCCL_OFI_WAIT=poll`): the
+/// engine and the progress thread poll them, the latter napping while idle. Over libfabric
+/// 1.17's `tcp;ofi_rxm` (manual progress: peers' writes land only while somebody polls) and
+/// 2.x's `tcp`; every rank logs that its idle threads poll.
+#[test]
+fn ofi_polled_queues() {
+    for (lib, scenario, world) in [
+        (RXM, "allreduce_mixed", 3),
+        (RXM, "sendrecv", 2),
+        (Libfabric::IntelMpi("tcp"), "all_to_all", 2),
+    ] {
+        let l = Launch::new(world, scenario)
+            .env("AMPCCL_OFI_WAIT", "poll")
+            .env("AMPCCL_LOG", "info");
+        if let Some(l) = ofi::over(l, lib) {
+            for r in l.run() {
+                let polled = r.stderr.contains("threads poll the completion queues");
+                assert!(polled, "{}", r.stderr_tail(20));
+            }
+        }
+    }
+}
+
 /// Over `ofi` with every local buffer registered (`AMPCCL_OFI_MR_LOCAL=1`: the path of
 /// providers that ask for `FI_MR_LOCAL`, as `verbs` and `efa` do): messages from the pool of
 /// registered buffers, the sources of writes and the destinations of reads registered each.

@@ -101,6 +101,11 @@ fn worker_entry() {
             init_comm_raw(),
             |e| matches!(e, Error::InvalidArgument(m) if m.contains("AMPCCL_SOCKET_IFNAME")),
         ),
+        "bad_ofi_wait" => expect_err(
+            "init",
+            init_comm_raw(),
+            |e| matches!(e, Error::InvalidArgument(m) if m.contains("AMPCCL_OFI_WAIT")),
+        ),
         s => Err(format!("unknown scenario {s:?}")),
     });
 }
@@ -689,11 +694,32 @@ fn hosts_2x2_killed_rank_small_allgather() {
 /// libfabric 1.17's `tcp;ofi_rxm`, which the `ofi` tests run over.
 const RXM: Libfabric = Libfabric::System("tcp;ofi_rxm");
 
+/// An `AMPCCL_OFI_WAIT` other than `fd` or `poll` fails init at once on every rank, naming it.
+#[test]
+fn ofi_bad_wait_w2() {
+    let l = Launch::new(2, "bad_ofi_wait").env("AMPCCL_OFI_WAIT", "spin");
+    if let Some(l) = ofi::over(l, RXM) {
+        l.env("AMPCCL_TIMEOUT_S", "30")
+            .deadline(Duration::from_secs(60))
+            .run();
+    }
+}
+
 /// Over `ofi`, sends to a dead rank stop moving (the provider keeps failing to reconnect): the
 /// survivors name it as promptly, on one host and across hosts.
 #[test]
 fn ofi_killed_rank_small_allgather_w3() {
     if let Some(l) = ofi::over(Launch::new(3, "killed_rank_small_allgather"), RXM) {
+        killed(l);
+    }
+}
+
+/// The same with polled completion queues (`AMPCCL_OFI_WAIT=poll`): the progress thread,
+/// napping between looks instead of blocking, still notices the dead rank.
+#[test]
+fn ofi_polled_killed_rank_small_allgather_w3() {
+    let l = Launch::new(3, "killed_rank_small_allgather").env("AMPCCL_OFI_WAIT", "poll");
+    if let Some(l) = ofi::over(l, RXM) {
         killed(l);
     }
 }

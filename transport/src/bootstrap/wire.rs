@@ -5,6 +5,7 @@
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
 use std::os::fd::RawFd;
+use std::ptr::null;
 use std::time::{Duration, Instant};
 
 /// Largest payload of a bootstrap message; a larger length is a malformed frame.
@@ -124,7 +125,8 @@ pub(crate) fn write_all_watched(
     Ok(())
 }
 
-/// `poll(2)` for readability over `fds`, at most `timeout`: entry `i` of the result says whether
+/// `ppoll(2)` for readability over `fds`, at most `timeout` (to the nanosecond the kernel's
+/// timers give, and at most a second): entry `i` of the result says whether
 /// `fds[i]` is readable, hung up or in error (a read will not block). An interrupted poll
 /// reports nothing ready.
 pub(crate) fn poll_readable(fds: &[RawFd], timeout: Duration) -> io::Result<Vec<bool>> {
@@ -136,9 +138,14 @@ pub(crate) fn poll_readable(fds: &[RawFd], timeout: Duration) -> io::Result<Vec<
             revents: 0,
         })
         .collect();
-    let ms = timeout.as_millis().clamp(0, 1000) as libc::c_int;
-    // SAFETY: `pfds` is a valid array of `pfds.len()` pollfd structures for the whole call.
-    let n = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, ms) };
+    let timeout = timeout.min(Duration::from_secs(1));
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `pfds` is a valid array of `pfds.len()` pollfd structures and `ts` a valid
+    // timespec for the whole call; a null signal mask leaves the thread's mask as it is.
+    let n = unsafe { libc::ppoll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, &ts, null()) };
     if n < 0 {
         let e = io::Error::last_os_error();
         if e.kind() == io::ErrorKind::Interrupted {

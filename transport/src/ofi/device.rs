@@ -59,6 +59,9 @@ fn eager_within(provider: &str, rxm_buffer: usize) -> usize {
     (rxm_buffer.saturating_sub(overhead) & !1023).clamp(1 << 10, EAGER_MAX)
 }
 
+/// Longest block on the queues' descriptors of a device-side wait between its looks at its
+/// condition and deadline.
+const WAIT_STEP: Duration = Duration::from_millis(1);
 /// How long closing waits for our last messages to leave.
 const FLUSH_WAIT: Duration = Duration::from_millis(500);
 /// How long a failing operation waits for our writes and reads still with the provider before
@@ -222,7 +225,7 @@ impl Shared {
                 )));
             }
             if may_block {
-                progress::block_on_queue(&self.wait_fds, &[], 1);
+                progress::block_on_queue(&self.wait_fds, &[], WAIT_STEP, progress::NAP_MIN);
             }
         }
     }
@@ -261,7 +264,7 @@ impl Shared {
                 return false;
             }
             drop(s);
-            progress::block_on_queue(&self.wait_fds, &[], 1);
+            progress::block_on_queue(&self.wait_fds, &[], WAIT_STEP, progress::NAP_MIN);
         }
     }
 

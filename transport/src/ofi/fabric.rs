@@ -40,6 +40,19 @@ pub struct Caps {
     pub manual: bool,
 }
 
+/// How a thread with nothing to do waits for the completion queues (`AMPCCL_OFI_WAIT`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Queues with a file-descriptor wait object (`FI_WAIT_FD`) where the provider offers
+    /// one: an idle thread blocks on it (`fi_trywait`, then `poll`).
+    Fd,
+    /// Queues without a wait object: threads poll them, an idle one with naps between looks.
+    /// A wait object costs the provider work on every completion (libfabric 1.17's
+    /// `ofi_rxm` writes to a socket pair and reads it back twice per message), which a host
+    /// with a core per rank may rather spend polling, as MPI libraries and fabtests do.
+    Poll,
+}
+
 /// An opened domain with its rails.
 pub struct Endpoint {
     lib: &'static Lib,
@@ -51,8 +64,8 @@ pub struct Endpoint {
     cqs: Vec<*mut sys::FidCq>,
     /// The rails; messages go on rail 0.
     eps: Vec<*mut sys::FidEp>,
-    /// Every queue's wait descriptor, or none (a queue without one: the device then polls
-    /// with short sleeps).
+    /// Every queue's wait descriptor, or none ([`Wait::Poll`], or a queue without one: the
+    /// device then polls, napping while idle).
     wait_fds: Vec<RawFd>,
     /// The last application-chosen memory key (random start: peers cannot guess keys).
     last_key: u64,
@@ -222,14 +235,16 @@ fn check(lib: &Lib, what: &str, rc: c_int) -> Result<(), String> {
     }
 }
 
-/// Opens a completion queue of `domain` with a file-descriptor wait object, with that
-/// descriptor; where the provider offers none, one without.
+/// Opens a completion queue of `domain`: for [`Wait::Fd`] with a file-descriptor wait
+/// object, with that descriptor (where the provider offers none, one without); for
+/// [`Wait::Poll`] one without.
 ///
 /// # Safety
 /// `domain` must be a live domain opened through `lib`.
 unsafe fn open_cq(
     lib: &Lib,
     domain: *mut sys::FidDomain,
+    wait: Wait,
 ) -> Result<(*mut sys::FidCq, Option<RawFd>), String> {
     let mut attr = sys::CqAttr {
         size: 0,
@@ -245,13 +260,13 @@ unsafe fn open_cq(
     // in pointers; a CQ that opened is live for its `control`.
     unsafe {
         let ops = (*domain).ops;
-        if ((*ops).cq_open)(domain, &mut attr, &mut cq, null_mut()) == 0 {
+        if wait == Wait::Fd && ((*ops).cq_open)(domain, &mut attr, &mut cq, null_mut()) == 0 {
             let mut fd: c_int = -1;
             let fid = &mut (*cq).fid;
             let rc = ((*fid.ops).control)(fid, sys::FI_GETWAIT, (&mut fd as *mut c_int).cast());
             return Ok((cq, (rc == 0 && fd >= 0).then_some(fd)));
         }
-        // No file descriptor to block on: the device polls with short sleeps.
+        // No file descriptor to block on: the device polls, napping while idle.
         cq = null_mut();
         attr.wait_obj = 0;
         let rc = ((*ops).cq_open)(domain, &mut attr, &mut cq, null_mut());
@@ -262,19 +277,21 @@ unsafe fn open_cq(
 
 impl Endpoint {
     /// Opens endpoints of the provider `pick` picks: as many as `rails` asks for that
-    /// provider (at least one).
+    /// provider (at least one), whose queues idle threads wait for as `wait` says.
     pub fn open(
         lib: &'static Lib,
         pick: Pick,
         rails: impl Fn(&Caps) -> usize,
+        wait: Wait,
     ) -> Result<Endpoint, String> {
-        sys::keeping_signal_handlers(|| Endpoint::open_inner(lib, pick, &rails))
+        sys::keeping_signal_handlers(|| Endpoint::open_inner(lib, pick, &rails, wait))
     }
 
     fn open_inner(
         lib: &'static Lib,
         pick: Pick,
         rails: &dyn Fn(&Caps) -> usize,
+        wait: Wait,
     ) -> Result<Endpoint, String> {
         let info = getinfo(lib, pick)?;
         // SAFETY: `info` is a valid description (getinfo).
@@ -338,7 +355,7 @@ impl Endpoint {
             let queues = if rails > 1 && e.caps.manual { 2 } else { 1 };
             let mut waits = true;
             for _ in 0..queues {
-                let (cq, fd) = open_cq(lib, e.domain)?;
+                let (cq, fd) = open_cq(lib, e.domain, wait)?;
                 e.cqs.push(cq);
                 waits &= fd.is_some();
                 e.wait_fds.extend(fd);

@@ -6,7 +6,10 @@
 //! queue. So between the engine's polls this thread reads the queues (all of them) and rings
 //! the engine's doorbell when something arrived, and otherwise blocks on the queues' descriptors
 //! (`fi_trywait`, then `poll`) and on the engine's [`crate::handback::Handback`] word; it
-//! never spins. It also sends every peer a liveness message every [`PING_EVERY`].
+//! never spins. Queues without descriptors (`AMPCCL_OFI_WAIT=poll`, or a provider that offers
+//! none) move only when polled: then it naps between looks, [`NAP_MIN`] at first and twice as
+//! long after each look that found nothing. It also sends every peer a liveness message every
+//! [`PING_EVERY`].
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -20,34 +23,43 @@ use crate::bootstrap::poll_readable;
 /// fails, which is how its death shows within about a second.
 const PING_EVERY: Duration = Duration::from_millis(300);
 /// Longest sleep of the progress thread on the completion queue's descriptor.
-const IDLE_WAIT_MS: i32 = 100;
+const IDLE_WAIT: Duration = Duration::from_millis(100);
+/// Without queue descriptors ([`super::fabric::Wait::Poll`], or a provider that offers
+/// none) the provider moves only when polled: an idle thread naps between looks, first this
+/// long, each nap that found nothing twice as long as the one before, up to [`NAP_MAX`]. A
+/// waiter asleep on the engine's doorbell learns of an arrival that much later: at most about
+/// as long again as it has already waited.
+pub(super) const NAP_MIN: Duration = Duration::from_micros(16);
+/// Longest nap between looks without queue descriptors (an idle rank then wakes 1000 times
+/// a second).
+const NAP_MAX: Duration = Duration::from_millis(1);
 /// How often the progress thread first looks whether the engine still polls, while it does
 /// (with manual progress, a peer's writes move only while somebody reads our queue: an engine
 /// busy elsewhere leaves them to the thread after [`crate::handback::ENGINE_GRACE`] and this;
 /// so does libfabric 2.x's `tcp`, which reports automatic progress but, with a wait object on
 /// the queue, ran no thread of its own in a profile of a ping-pong).
-const ENGINE_RECHECK_MS: i32 = 1;
+const ENGINE_RECHECK: Duration = Duration::from_millis(1);
 /// Longest interval between those looks: each one that finds the engine still polling
 /// doubles it, up to this. Every look wakes the thread, which then takes the core from an
 /// engine thread pinned to the same one (about 30 µs a time; at one look a millisecond, 5 %
 /// of an 8-byte ping-pong's time: docs/TUNING.md); an engine that stops polling without
 /// handing the queue back (busy in a long task) leaves it unread for at most this long.
-const ENGINE_RECHECK_MAX_MS: i32 = 8;
+const ENGINE_RECHECK_MAX: Duration = Duration::from_millis(8);
 
-/// Blocks until one of `fds` is readable or `ms` pass (an error of `poll` only ends the wait
-/// early: the loop around it looks again).
-fn block(fds: &[i32], ms: i32) {
-    let _ = poll_readable(fds, Duration::from_millis(ms.max(0) as u64));
+/// Blocks until one of `fds` is readable or `timeout` passes (an error of `poll` only ends the
+/// wait early: the loop around it looks again).
+fn block(fds: &[i32], timeout: Duration) {
+    let _ = poll_readable(fds, timeout);
 }
 
 /// Blocks until one of the completion queues' descriptors `cqs` (or of `also`) is readable or
-/// `ms` pass (without queue descriptors, a sleep of at most a millisecond: the provider then
-/// only moves when polled).
-pub(super) fn block_on_queue(cqs: &[i32], also: &[i32], ms: i32) {
+/// `timeout` passes; without queue descriptors the provider moves only when polled, so the
+/// wait ends after `nap` at the latest.
+pub(super) fn block_on_queue(cqs: &[i32], also: &[i32], timeout: Duration, nap: Duration) {
     if cqs.is_empty() {
-        block(also, ms.clamp(0, 1));
+        block(also, timeout.min(nap));
     } else {
-        block(&[cqs, also].concat(), ms);
+        block(&[cqs, also].concat(), timeout);
     }
 }
 
@@ -62,7 +74,8 @@ pub(super) fn block_on_queue(cqs: &[i32], also: &[i32], ms: i32) {
 /// after the word is taken, so neither is missed).
 pub(super) fn progress_thread(d: Arc<Shared>) {
     let mut last_ping = Instant::now();
-    let mut recheck = ENGINE_RECHECK_MS;
+    let mut recheck = ENGINE_RECHECK;
+    let mut nap = NAP_MIN;
     loop {
         d.handback.take();
         if d.stop.load(Ordering::Acquire) {
@@ -94,14 +107,18 @@ pub(super) fn progress_thread(d: Arc<Shared>) {
         }
         let word = d.handback.fd();
         if !busy {
-            recheck = ENGINE_RECHECK_MS;
+            recheck = ENGINE_RECHECK;
+        }
+        if any || busy {
+            nap = NAP_MIN;
         }
         if may_block {
             if busy {
                 block(&[word], recheck);
-                recheck = (recheck * 2).min(ENGINE_RECHECK_MAX_MS);
+                recheck = (recheck * 2).min(ENGINE_RECHECK_MAX);
             } else {
-                block_on_queue(&d.wait_fds, &[word], IDLE_WAIT_MS);
+                block_on_queue(&d.wait_fds, &[word], IDLE_WAIT, nap);
+                nap = (nap * 2).min(NAP_MAX);
             }
         }
     }

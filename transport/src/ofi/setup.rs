@@ -8,7 +8,7 @@ use ampccl_runtime::param::{Param, Unit};
 use ampccl_runtime::{Error, Result};
 
 use super::device::{OfiDevice, eager_max};
-use super::fabric::{Caps, Endpoint, Pick};
+use super::fabric::{Caps, Endpoint, Pick, Wait};
 use super::peer::PeerState;
 use super::state::{self, State};
 use super::sys::Lib;
@@ -100,6 +100,18 @@ pub fn provider_from_env() -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
+/// How this rank's idle threads wait for its completion queues: `AMPCCL_OFI_WAIT`, `fd` (the
+/// default) or `poll` ([`Wait`]). Each rank follows its own value: waiting is local.
+pub fn wait_from_env() -> Result<Wait> {
+    match std::env::var("AMPCCL_OFI_WAIT").as_deref() {
+        Err(_) | Ok("" | "fd") => Ok(Wait::Fd),
+        Ok("poll") => Ok(Wait::Poll),
+        Ok(v) => Err(Error::InvalidArgument(format!(
+            "AMPCCL_OFI_WAIT={v:?}: expected fd or poll"
+        ))),
+    }
+}
+
 /// The core providers of RDMA fabrics, which ampccl takes across hosts without being asked
 /// (libfabric's socket providers lose to ampccl's own TCP provider on Ethernet).
 pub const FABRICS: &str = "verbs,efa,psm3,psm2,opx,ucx,usnic";
@@ -154,6 +166,7 @@ pub fn connect(
     auto: bool,
 ) -> Result<Option<Arc<OfiDevice>>> {
     let (rank, world) = (boot.rank(), boot.world());
+    let wait = wait_from_env()?;
     if world > 1 << 16 || cfg.fifo_depth > 1 << 16 {
         return Err(setup_err("at most 65536 ranks and FIFO slots"));
     }
@@ -166,9 +179,9 @@ pub fn connect(
             (true, Some(why)) => Err(why),
             (true, None) => {
                 let fabrics = fabrics_from_env();
-                library().and_then(|lib| Endpoint::open(lib, Pick::Among(&fabrics), rails_of))
+                library().and_then(|lib| Endpoint::open(lib, Pick::Among(&fabrics), rails_of, wait))
             }
-            (false, _) => open_default(library(), provider_from_env().as_deref(), one_host),
+            (false, _) => open_default(library(), provider_from_env().as_deref(), one_host, wait),
         };
         let msg = match &opened {
             Ok(e) => format!(
@@ -210,7 +223,7 @@ pub fn connect(
     }
     let ep = match ep {
         Some(ep) => Ok(ep),
-        None => library().and_then(|lib| Endpoint::open(lib, Pick::Named(&name), |_| rails)),
+        None => library().and_then(|lib| Endpoint::open(lib, Pick::Named(&name), |_| rails, wait)),
     };
     // Every rank tells whether it opened the provider, so that a host without the library
     // or the device fails (or, when `auto`, declines) everywhere at once: 1, its host name
@@ -273,6 +286,7 @@ pub fn connect(
     }
     let caps = ep.caps.clone();
     let version = ep.version();
+    let waits = !ep.wait_fds().is_empty();
     let mut state = State::new(ep, rank, peers, cfg.fifo_depth, eager);
     for _ in 0..state::recvs(world - 1) {
         let buf = vec![0u8; wire::msg_max(eager)].into_boxed_slice();
@@ -284,7 +298,8 @@ pub fn connect(
     boot.barrier(TAG_READY)?;
     tracing::info!(
         "rank {rank}: ofi: libfabric {version}, provider {}, {rails} rail(s) ({} progress, {} \
-         keys, registered memory addressed by {}{}, eager messages up to {eager} B)",
+         keys, registered memory addressed by {}{}, eager messages up to {eager} B, idle \
+         threads {})",
         caps.provider,
         if caps.manual { "manual" } else { "auto" },
         if caps.prov_key {
@@ -297,6 +312,13 @@ pub fn connect(
             ", local buffers registered"
         } else {
             ""
+        },
+        if waits {
+            "block on the completion queues"
+        } else if wait == Wait::Poll {
+            "poll the completion queues (AMPCCL_OFI_WAIT=poll)"
+        } else {
+            "poll the completion queues (the provider offers no wait object)"
         },
     );
     OfiDevice::start(
@@ -316,17 +338,18 @@ fn open_default(
     lib: std::result::Result<&'static Lib, String>,
     named: Option<&str>,
     one_host: bool,
+    wait: Wait,
 ) -> std::result::Result<Endpoint, String> {
     let lib = lib?;
     if let Some(name) = named {
-        return Endpoint::open(lib, Pick::Named(name), rails_of);
+        return Endpoint::open(lib, Pick::Named(name), rails_of, wait);
     }
-    let first = Endpoint::open(lib, Pick::First, rails_of)?;
+    let first = Endpoint::open(lib, Pick::First, rails_of, wait)?;
     if first.caps.provider != "shm" || one_host {
         return Ok(first);
     }
     drop(first);
-    Endpoint::open(lib, Pick::Named("tcp;ofi_rxm"), rails_of)
+    Endpoint::open(lib, Pick::Named("tcp;ofi_rxm"), rails_of, wait)
 }
 
 /// The `rails` addresses of a peer's entry (each a 2-byte length and the address), or `None`
