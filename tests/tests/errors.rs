@@ -64,6 +64,16 @@ fn worker_entry() {
                 c.recv(&mut [0f32; 100], 0)
             }
         }),
+        "mismatch_rendezvous_len" => mismatch(|c| {
+            // Both lengths past every eager size but within `ofi`'s writes-complete range
+            // (`AMPCCL_OFI_WRITES_COMPLETE_MAX`): the receiver's clear-to-send asks for no
+            // immediate, the sender finds the sizes differ and must still send one.
+            if c.rank() == 0 {
+                c.send(&vec![1f32; 10 << 10], 1)
+            } else {
+                c.recv(&mut vec![0f32; 9 << 10], 0)
+            }
+        }),
         "mismatch_reduce_root" => mismatch(|c| {
             // Every rank thinks it is the root: on 2 ranks both wait to receive.
             let root = c.rank();
@@ -455,6 +465,11 @@ fn mismatch_p2p_len_w2() {
 }
 
 #[test]
+fn mismatch_rendezvous_len_w2() {
+    quick(2, "mismatch_rendezvous_len");
+}
+
+#[test]
 fn mismatch_reduce_root_w2() {
     quick(2, "mismatch_reduce_root");
 }
@@ -776,6 +791,17 @@ fn ofi_hosts_link_down_mid_collective() {
 #[test]
 fn ofi_mismatch_p2p_len_w2() {
     if let Some(l) = ofi::over(Launch::new(2, "mismatch_p2p_len"), RXM) {
+        l.env("AMPCCL_TIMEOUT_S", "30")
+            .deadline(Duration::from_secs(60))
+            .run();
+    }
+}
+
+/// Over `ofi`, a length mismatch between two rendezvous transfers whose receiver asked the
+/// writes to complete them: the sender's error immediate still reaches it.
+#[test]
+fn ofi_mismatch_rendezvous_len_w2() {
+    if let Some(l) = ofi::over(Launch::new(2, "mismatch_rendezvous_len"), RXM) {
         l.env("AMPCCL_TIMEOUT_S", "30")
             .deadline(Duration::from_secs(60))
             .run();

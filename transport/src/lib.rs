@@ -43,6 +43,7 @@ pub fn params() -> Vec<&'static Param> {
         &tcp::stripe::STRIPE_MIN,
         &tcp::POLLED_LOWAT,
         &ofi::RAILS,
+        &ofi::WRITES_COMPLETE_MAX,
         &protocol::STRIPE_MIN,
         &hold::HOLD,
     ]

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use ampccl_runtime::doorbell::Doorbell;
 use ampccl_runtime::mem::HostBuffer;
+use ampccl_runtime::param::{Param, Unit};
 use ampccl_runtime::task::CopyTo;
 use ampccl_runtime::{Error, Result};
 
@@ -62,6 +63,16 @@ fn eager_within(provider: &str, rxm_buffer: usize) -> usize {
 /// Longest block on the queues' descriptors of a device-side wait between its looks at its
 /// condition and deadline.
 const WAIT_STEP: Duration = Duration::from_millis(1);
+/// Largest transfer our clear-to-send asks the sender to complete by its writes alone
+/// ([`wire::CTS_WRITES_COMPLETE`]); the receiver's value holds for its transfers.
+pub static WRITES_COMPLETE_MAX: Param = Param::new(
+    "OFI_WRITES_COMPLETE_MAX",
+    64 << 10,
+    (0, 1 << 30),
+    Unit::Bytes,
+    "largest transfer the ofi provider's receiver completes once its data writes have landed, \
+     without an immediate message from the sender (0: every transfer sends one)",
+);
 /// How long closing waits for our last messages to leave.
 const FLUSH_WAIT: Duration = Duration::from_millis(500);
 /// How long a failing operation waits for our writes and reads still with the provider before
@@ -86,6 +97,8 @@ pub struct Shared {
     rails: usize,
     /// The state's `eager_max`, read here without the lock.
     eager_max: usize,
+    /// [`WRITES_COMPLETE_MAX`].
+    writes_complete_max: usize,
     state: Mutex<State>,
     descs: Vec<String>,
     /// The completion queues' descriptors (none without wait objects).
@@ -130,6 +143,7 @@ impl OfiDevice {
             depth,
             rails,
             eager_max: state.eager_max,
+            writes_complete_max: WRITES_COMPLETE_MAX.bytes(),
             state: Mutex::new(state),
             descs,
             wait_fds,
@@ -290,7 +304,7 @@ impl Shared {
         len: usize,
     ) -> Result<(u64, u64, usize)> {
         let desc = &self.descs[peer];
-        let Some(&(entry, rkey)) = s.peer(peer).cts.get(slot as usize) else {
+        let Some(&(entry, rkey, _)) = s.peer(peer).cts.get(slot as usize) else {
             return Err(Error::Remote(format!(
                 "{desc}: its clear-to-send names the key {slot} (slots: {})",
                 self.depth
@@ -354,8 +368,18 @@ impl RmaDevice for OfiDevice {
         } else {
             0
         };
+        // Up to a size, the writes complete the transfer by themselves: the sender saves the
+        // immediate message, one system call and one packet on a socket provider, on the
+        // path of every rendezvous round trip. Larger transfers keep it (docs/TUNING.md,
+        // `AMPCCL_OFI_WRITES_COMPLETE_MAX`).
+        let expected = (rkey != 0 && !read && entry.size as usize <= self.writes_complete_max)
+            .then(|| {
+                let len = entry.size as usize;
+                let writes = len.div_ceil(protocol::stripe_len(len, entry.nreqs));
+                (entry.idx, writes as u32, entry.size)
+            });
         let p = s.peer(peer);
-        p.opened(slot);
+        p.opened(slot, expected);
         let e = CtsEntry {
             key: slot as u32,
             ..*entry
@@ -371,13 +395,18 @@ impl RmaDevice for OfiDevice {
         }
         // A peer that is gone by now needs no clear-to-send: the wait for its message names
         // the lost peer (`peer_health`).
-        let h = Header::new(Kind::Cts, slot, 0, 0, rkey);
+        let flags = if expected.is_some() {
+            wire::CTS_WRITES_COMPLETE
+        } else {
+            0
+        };
+        let h = Header::new(Kind::Cts, slot, flags, 0, rkey);
         let _ = s.send(peer, &h, &wire::encode_cts(&e));
         Ok(())
     }
 
     fn poll_cts(&self, peer: usize, slot: usize, idx: u32) -> Option<CtsEntry> {
-        let (e, _) = self.polled().peer(peer).cts[slot];
+        let (e, _, _) = self.polled().peer(peer).cts[slot];
         (e.idx == idx).then_some(e)
     }
 
@@ -432,7 +461,15 @@ impl RmaDevice for OfiDevice {
         // The writes complete later, on the queue: the send is done once they have
         // (`send_done`), and the engine goes on meanwhile.
         let mut s = self.lock();
-        let writes = std::mem::take(&mut s.peer(peer).writes[slot]);
+        let p = s.peer(peer);
+        let writes = std::mem::take(&mut p.writes[slot]);
+        // A clear-to-send that asked for it lets the writes complete the transfer: no
+        // immediate then, unless the transfer failed. (Should the slot hold a later entry
+        // already, the peer has completed this transfer, which only such writes can do.)
+        let (entry, _, by_writes) = p.cts[slot];
+        if (by_writes || entry.idx != imm & !IMM_ERROR) && writes > 0 && imm & IMM_ERROR == 0 {
+            return Ok(());
+        }
         let h = Header::new(Kind::Imm, slot, imm, writes, len);
         s.send(peer, &h, &[])
             .map_err(|why| self.post_err(peer, "an immediate", why))

@@ -173,11 +173,14 @@ impl State {
         let slot = h.slot as usize;
         match h.kind {
             Kind::Cts => {
+                if h.a & !wire::CTS_WRITES_COMPLETE != 0 {
+                    return Err(format!("a clear-to-send with unknown flags {:#x}", h.a));
+                }
                 let entry = CtsEntry {
                     key: h.slot,
                     ..wire::decode_cts(payload)
                 };
-                p.cts[slot] = (entry, h.value);
+                p.cts[slot] = (entry, h.value, h.a & wire::CTS_WRITES_COMPLETE != 0);
             }
             Kind::Imm => p.immediate(slot, (h.a, h.b, h.value))?,
             Kind::Eager => return self.store_eager(peer, slot, h, payload),

@@ -16,12 +16,15 @@
 //! - data goes as `fi_writedata` into that region, each write carrying 32 bits of remote
 //!   completion data (the writer's rank and the slot), so the receiver counts the writes that
 //!   landed;
-//! - the immediate travels as a message naming how many writes it completes: the receive
-//!   completes once both are in, whatever order the provider delivered them in, and the
-//!   region's registration closes. (Letting the last write's landing complete the transfer
-//!   instead saves that message, but measured slower over the kernel's sockets:
-//!   docs/PERFORMANCE.md.) The send leaves with its immediate; its writes complete
-//!   later on the queue, and the send is done (its buffer free) once they all have
+//! - up to `AMPCCL_OFI_WRITES_COMPLETE_MAX` (64 KiB) the writes complete the transfer by
+//!   themselves, as a write with immediate data does on an RDMA NIC: the clear-to-send says
+//!   so ([`wire::CTS_WRITES_COMPLETE`]), the receiver knows how many writes its entry asked
+//!   for, and the last to land publishes the transfer. Larger transfers (and failed ones)
+//!   send the immediate as a message naming how many writes it completes: the receive
+//!   completes once both are in, whatever order the provider delivered them in. (Over the
+//!   kernel's sockets the message measured faster for large transfers under BBR:
+//!   docs/TUNING.md.) Either way the region's registration then closes. The send is done
+//!   (its buffer free) once its writes complete on the queue
 //!   ([`crate::device::RmaDevice::send_done`]), so the engine goes on meanwhile;
 //! - eager messages, credits, acks and failure notes are messages into receives posted for
 //!   any sender; each message names its sender's rank (a message naming no peer is dropped);
@@ -68,5 +71,5 @@ mod state;
 mod sys;
 mod wire;
 
-pub use device::OfiDevice;
+pub use device::{OfiDevice, WRITES_COMPLETE_MAX};
 pub use setup::{FABRICS, RAILS, connect, fabrics_from_env, library, provider_from_env};

@@ -16,13 +16,17 @@ use crate::device::CtsEntry;
 use crate::hold::Held;
 
 /// A completion slot: the published immediate and length, and the transfer in progress (its
-/// immediate message, and the data writes counted so far).
+/// immediate message, the data writes counted so far, and what a transfer whose writes
+/// complete it publishes once they have all landed).
 #[derive(Default)]
 pub struct ImmSlot {
     pub imm: u32,
     pub len: u64,
     /// `(imm, writes, len)` of an immediate whose writes have not all landed yet.
     waiting: Option<(u32, u32, u64)>,
+    /// `(imm, writes, len)` the open clear-to-send's transfer publishes once its `writes`
+    /// data writes have landed, without an immediate message ([`PeerState::opened`]).
+    expected: Option<(u32, u32, u64)>,
     /// Data writes counted since the last published immediate.
     landed: u32,
     /// A clear-to-send for this slot went out and no immediate was published since: only
@@ -111,8 +115,10 @@ pub struct PeerState {
     /// The peer's rails in our address vector (its rail `r` for our rail `r`).
     pub addrs: Vec<FiAddr>,
     pub desc: String,
-    /// Clear-to-send entries the peer posted, with the key of the region each names.
-    pub cts: Vec<(CtsEntry, u64)>,
+    /// Clear-to-send entries the peer posted, with the key of the region each names and
+    /// whether the transfer's writes complete it by themselves (we then send no immediate
+    /// for it: [`super::wire::CTS_WRITES_COMPLETE`]).
+    pub cts: Vec<(CtsEntry, u64, bool)>,
     pub imm: Vec<ImmSlot>,
     pub eager: Vec<EagerSlot>,
     pub credits: Vec<u32>,
@@ -148,7 +154,7 @@ impl PeerState {
         PeerState {
             addrs,
             desc,
-            cts: vec![(CtsEntry::default(), 0); depth],
+            cts: vec![(CtsEntry::default(), 0, false); depth],
             imm: (0..depth).map(|_| ImmSlot::default()).collect(),
             eager: (0..depth).map(|_| EagerSlot::default()).collect(),
             credits: vec![0; depth],
@@ -186,18 +192,33 @@ impl PeerState {
     }
 
     /// Our clear-to-send for slot `slot` is posted: the peer's immediate for it may come.
-    pub fn opened(&mut self, slot: usize) {
-        self.imm[slot].open = true;
+    /// Where it asked for the writes to complete the transfer, `expected` is the
+    /// `(imm, writes, len)` that transfer publishes once that many writes have landed: each
+    /// write names its slot, so the last one to land completes it, as a write with immediate
+    /// data does on an RDMA NIC; the peer then sends an immediate only if the transfer fails.
+    pub fn opened(&mut self, slot: usize, expected: Option<(u32, u32, u64)>) {
+        let s = &mut self.imm[slot];
+        (s.open, s.expected) = (true, expected);
     }
 
     /// Slot `slot`'s eager message reached its receiver: no immediate comes for it.
     pub fn eager_taken(&mut self, slot: usize) {
-        self.imm[slot].open = false;
+        let s = &mut self.imm[slot];
+        (s.open, s.expected) = (false, None);
     }
 
-    /// One of the peer's data writes into slot `slot`'s open region landed.
+    /// One of the peer's data writes into slot `slot`'s open region landed: the last of a
+    /// transfer whose writes complete it publishes it, unless an immediate named its own
+    /// count first.
     pub fn write_landed(&mut self, slot: usize) {
-        self.imm[slot].landed += 1;
+        let s = &mut self.imm[slot];
+        s.landed += 1;
+        if s.waiting.is_none()
+            && let Some(e) = s.expected
+            && s.landed >= e.1
+        {
+            s.waiting = Some(e);
+        }
         self.complete(slot);
     }
 
@@ -231,7 +252,7 @@ impl PeerState {
             && s.landed >= writes
         {
             s.landed -= writes;
-            (s.waiting, s.open) = (None, false);
+            (s.waiting, s.open, s.expected) = (None, false, None);
             (s.imm, s.len) = (imm, len);
             self.regions[slot] = None;
         }
@@ -270,7 +291,7 @@ mod tests {
         let e = p.immediate(0, (1, 0, 0)).unwrap_err();
         assert!(e.contains("awaits none"), "{e}");
 
-        p.opened(1);
+        p.opened(1, None);
         p.write_landed(1);
         p.immediate(1, (2, 2, 100)).unwrap();
         assert_eq!(p.imm[1].imm, 0, "one write still in flight");
@@ -279,17 +300,46 @@ mod tests {
         let e = p.immediate(1, (2, 0, 0)).unwrap_err();
         assert!(e.contains("awaits none"), "a second immediate: {e}");
 
-        p.opened(2);
+        p.opened(2, None);
         p.write_landed(2);
         p.write_landed(2);
         let e = p.immediate(2, (3, 1, 8)).unwrap_err();
         assert!(e.contains("2 writes"), "{e}");
 
-        p.opened(3);
+        p.opened(3, None);
         p.eager_taken(3);
         assert!(
             p.immediate(3, (4, 0, 0)).is_err(),
             "an eager receive awaits none"
         );
+    }
+
+    /// A transfer whose clear-to-send asked for its writes to complete it is published when
+    /// its last write lands, without an immediate; an immediate after that breaks the
+    /// protocol, one before it (a failed transfer) is published once the writes it names
+    /// have landed.
+    #[test]
+    fn writes_complete_their_transfer_where_asked() {
+        let mut p = peer();
+        p.opened(1, Some((5, 2, 4096)));
+        p.write_landed(1);
+        assert_eq!(p.imm[1].imm, 0, "one write still in flight");
+        p.write_landed(1);
+        assert_eq!((p.imm[1].imm, p.imm[1].len), (5, 4096));
+        let e = p.immediate(1, (5, 2, 4096)).unwrap_err();
+        assert!(e.contains("awaits none"), "an immediate after it: {e}");
+
+        // The next transfer in the slot counts its own writes.
+        p.opened(1, Some((9, 1, 100)));
+        p.write_landed(1);
+        assert_eq!((p.imm[1].imm, p.imm[1].len), (9, 100));
+
+        // A failed transfer: its error immediate names the one write that was posted.
+        let failed = 6 | crate::device::IMM_ERROR;
+        p.opened(2, Some((6, 3, 9000)));
+        p.immediate(2, (failed, 1, 0)).unwrap();
+        assert_eq!(p.imm[2].imm, 0, "its write has not landed");
+        p.write_landed(2);
+        assert_eq!(p.imm[2].imm, failed);
     }
 }

@@ -18,6 +18,9 @@ pub const HEADER: usize = 32;
 const FROM_AT: usize = 24;
 /// Bytes of an encoded clear-to-send entry.
 pub const CTS_BYTES: usize = 32;
+/// Flag of a [`Kind::Cts`] message: the transfer's data writes complete it by themselves, so
+/// its sender sends no immediate (unless the transfer fails).
+pub const CTS_WRITES_COMPLETE: u32 = 1;
 /// Longest failure text a message carries.
 pub const MAX_TEXT: usize = 1024;
 /// Bytes of messages deferred to one peer (with their length prefixes in the batch) after
@@ -35,7 +38,8 @@ pub fn msg_max(eager_max: usize) -> usize {
 /// What a message carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
-    /// A clear-to-send entry for FIFO slot `slot`; `value` is the memory key of its region.
+    /// A clear-to-send entry for FIFO slot `slot`; `value` is the memory key of its region,
+    /// `a` its flags ([`CTS_WRITES_COMPLETE`]).
     Cts = 1,
     /// A transfer's immediate for completion slot `slot`: `a` the immediate, `b` the number
     /// of data writes it completes, `value` the byte count.
