@@ -404,10 +404,23 @@ fn quick(world: usize, scenario: &str) -> Vec<RankResult> {
 
 /// As [`quick`], with more environment.
 fn quick_with(world: usize, scenario: &str, env: &[(&str, &str)]) -> Vec<RankResult> {
-    let mut launch = Launch::new(world, scenario);
-    for (k, v) in env {
-        launch = launch.env(k, v);
+    run_quick(launch_with(world, scenario, env))
+}
+
+/// As [`quick_with`], over `ofi` on libfabric 1.17's `tcp;ofi_rxm` (without it, skipped).
+fn ofi_quick_with(world: usize, scenario: &str, env: &[(&str, &str)]) {
+    if let Some(l) = ofi::over(launch_with(world, scenario, env), RXM) {
+        run_quick(l);
     }
+}
+
+fn launch_with(world: usize, scenario: &str, env: &[(&str, &str)]) -> Launch {
+    env.iter()
+        .fold(Launch::new(world, scenario), |l, (k, v)| l.env(k, v))
+}
+
+/// Runs `launch` with a 30 s operation timeout, all of it within a minute.
+fn run_quick(launch: Launch) -> Vec<RankResult> {
     launch
         .env("AMPCCL_TIMEOUT_S", "30")
         .deadline(Duration::from_secs(60))
@@ -712,12 +725,7 @@ const RXM: Libfabric = Libfabric::System("tcp;ofi_rxm");
 /// An `AMPCCL_OFI_WAIT` other than `fd` or `poll` fails init at once on every rank, naming it.
 #[test]
 fn ofi_bad_wait_w2() {
-    let l = Launch::new(2, "bad_ofi_wait").env("AMPCCL_OFI_WAIT", "spin");
-    if let Some(l) = ofi::over(l, RXM) {
-        l.env("AMPCCL_TIMEOUT_S", "30")
-            .deadline(Duration::from_secs(60))
-            .run();
-    }
+    ofi_quick_with(2, "bad_ofi_wait", &[("AMPCCL_OFI_WAIT", "spin")]);
 }
 
 /// Over `ofi`, sends to a dead rank stop moving (the provider keeps failing to reconnect): the
@@ -790,20 +798,12 @@ fn ofi_hosts_link_down_mid_collective() {
 /// takes the rendezvous for a longer message still learns of the mismatch promptly over `ofi`.
 #[test]
 fn ofi_mismatch_p2p_len_w2() {
-    if let Some(l) = ofi::over(Launch::new(2, "mismatch_p2p_len"), RXM) {
-        l.env("AMPCCL_TIMEOUT_S", "30")
-            .deadline(Duration::from_secs(60))
-            .run();
-    }
+    ofi_quick_with(2, "mismatch_p2p_len", &[]);
 }
 
 /// Over `ofi`, a length mismatch between two rendezvous transfers whose receiver asked the
 /// writes to complete them: the sender's error immediate still reaches it.
 #[test]
 fn ofi_mismatch_rendezvous_len_w2() {
-    if let Some(l) = ofi::over(Launch::new(2, "mismatch_rendezvous_len"), RXM) {
-        l.env("AMPCCL_TIMEOUT_S", "30")
-            .deadline(Duration::from_secs(60))
-            .run();
-    }
+    ofi_quick_with(2, "mismatch_rendezvous_len", &[]);
 }
