@@ -222,6 +222,13 @@ pub fn stripe_len(len: usize, nreqs: u32) -> usize {
     len.div_ceil(n).next_multiple_of(64).max(1)
 }
 
+/// How many writes (or reads) a transfer of `len` bytes cut as `nreqs` asks takes: one per
+/// stripe of [`stripe_len`] bytes, none when empty. A receiver that lets the writes complete
+/// its transfer counts them against this.
+pub fn stripe_pieces(len: usize, nreqs: u32) -> usize {
+    len.div_ceil(stripe_len(len, nreqs))
+}
+
 /// Which stripe (from 0) of a transfer of `len` bytes cut as `nreqs` asks starts at byte
 /// `off`: a device that spreads stripes over channels picks the channel from it.
 pub fn stripe_of(off: u64, len: usize, nreqs: u32) -> usize {

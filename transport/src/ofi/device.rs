@@ -374,8 +374,7 @@ impl RmaDevice for OfiDevice {
         // `AMPCCL_OFI_WRITES_COMPLETE_MAX`).
         let expected = (rkey != 0 && !read && entry.size as usize <= self.writes_complete_max)
             .then(|| {
-                let len = entry.size as usize;
-                let writes = len.div_ceil(protocol::stripe_len(len, entry.nreqs));
+                let writes = protocol::stripe_pieces(entry.size as usize, entry.nreqs);
                 (entry.idx, writes as u32, entry.size)
             });
         let p = s.peer(peer);
@@ -395,13 +394,8 @@ impl RmaDevice for OfiDevice {
         }
         // A peer that is gone by now needs no clear-to-send: the wait for its message names
         // the lost peer (`peer_health`).
-        let flags = if expected.is_some() {
-            wire::CTS_WRITES_COMPLETE
-        } else {
-            0
-        };
-        let h = Header::new(Kind::Cts, slot, flags, 0, rkey);
-        let _ = s.send(peer, &h, &wire::encode_cts(&e));
+        let (h, payload) = wire::cts_message(&e, expected.is_some(), rkey);
+        let _ = s.send(peer, &h, &payload);
         Ok(())
     }
 

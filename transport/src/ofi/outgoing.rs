@@ -8,7 +8,7 @@
 use super::fabric::Mr;
 use super::state::{Op, State, What};
 use super::sys::{self, Context2};
-use super::wire::{self, Header, Kind};
+use super::wire::{self, Header};
 
 /// Most message buffers kept for reuse.
 const SEND_POOL: usize = 64;
@@ -123,8 +123,8 @@ impl State {
             let quiet = p.quiet.due(all);
             let due = !quiet.is_empty() || (!p.deferred.is_empty() && (all || p.held.due()));
             for e in &quiet {
-                let h = Header::new(Kind::Cts, e.key as usize, 0, 0, 0);
-                let _ = self.defer(peer, &h, &wire::encode_cts(e));
+                let (h, payload) = wire::cts_message(e, false, 0);
+                let _ = self.defer(peer, &h, &payload);
             }
             if due {
                 let _ = self.flush_peer(peer);

@@ -222,6 +222,19 @@ pub fn split_batch(payload: &[u8]) -> impl Iterator<Item = Result<&[u8], String>
     })
 }
 
+/// A [`Kind::Cts`] message for `e` (its key is its slot): the header, with the memory key
+/// `rkey` of the region it opened (0: none) and [`CTS_WRITES_COMPLETE`] where asked, and the
+/// payload.
+pub fn cts_message(e: &CtsEntry, writes_complete: bool, rkey: u64) -> (Header, [u8; CTS_BYTES]) {
+    let flags = if writes_complete {
+        CTS_WRITES_COMPLETE
+    } else {
+        0
+    };
+    let h = Header::new(Kind::Cts, e.key as usize, flags, 0, rkey);
+    (h, encode_cts(e))
+}
+
 pub fn encode_cts(e: &CtsEntry) -> [u8; CTS_BYTES] {
     let mut b = [0u8; CTS_BYTES];
     b[..8].copy_from_slice(&e.addr.to_le_bytes());

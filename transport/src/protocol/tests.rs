@@ -36,10 +36,31 @@ fn each_stripe_knows_its_number_from_its_offset() {
         assert_eq!(stripe, stripe_len(len, nreqs), "the read flag is no count");
         let offs: Vec<usize> = (0..len).step_by(stripe).collect();
         assert_eq!(offs.len(), nreqs as usize, "{len} bytes in {nreqs}");
+        assert_eq!(
+            stripe_pieces(len, nreqs),
+            offs.len(),
+            "{len} bytes in {nreqs}"
+        );
         for (k, off) in offs.into_iter().enumerate() {
             assert_eq!(stripe_of(off as u64, len, nreqs), k);
         }
     }
+}
+
+/// The pieces a transfer takes are the stripes `transfer` posts, also where fewer stripes than
+/// asked for cover it (whole cache lines) and for an empty one.
+#[test]
+fn pieces_count_the_stripes_posted() {
+    for (len, nreqs) in [(0, 1), (1, 4), (100, 3), (64 << 10, 1), ((64 << 10) + 1, 4)] {
+        let stripe = stripe_len(len, nreqs);
+        let posted = (0..len).step_by(stripe).count();
+        assert_eq!(stripe_pieces(len, nreqs), posted, "{len} bytes in {nreqs}");
+    }
+    assert_eq!(
+        stripe_pieces(100, 3),
+        2,
+        "two cache-line stripes cover 100 bytes"
+    );
 }
 
 #[test]
