@@ -279,18 +279,11 @@ impl EngineInner {
             return t - now;
         }
         let tick = self.tick.fetch_add(1, Ordering::Relaxed) + 1;
-        let (moved, left) = self.flush_stale(tick);
-        // Waiters claimed everything: look less often (each look takes the core from them).
-        w.len = if moved {
-            WATCH_TICK
-        } else if left {
-            w.len.max(WATCH_TICK)
-        } else {
-            (w.len * 2).clamp(WATCH_TICK, WATCH_TICK_MAX)
-        };
+        let f = self.flush_stale(tick);
+        w.len = f.next_tick(w.len);
         w.next = Some(now + w.len);
         w.quiet = w.quiet.saturating_add(1);
-        if w.quiet > WATCH_LINGER && !left && self.stop_watching(w.parks) {
+        if w.quiet > WATCH_LINGER && !f.unclaimed && !f.claimed && self.stop_watching(w.parks) {
             w.next = None;
             w.len = WATCH_TICK;
             return MAX_SLEEP;
@@ -311,31 +304,89 @@ impl EngineInner {
         true
     }
 
-    /// Moves work parked before tick `tick - 1` to the queues; returns whether it moved any,
-    /// and whether any stream still holds parked work (or could not be looked at).
-    pub(crate) fn flush_stale(&self, tick: u64) -> (bool, bool) {
+    /// Moves work parked before tick `tick - 1` to the queues and says what it saw.
+    pub(crate) fn flush_stale(&self, tick: u64) -> Flushed {
+        let mut f = Flushed::default();
         let Ok(streams) = self.streams.try_lock() else {
-            return (false, true);
+            f.unclaimed = true;
+            return f;
         };
-        let (mut moved, mut left) = (false, false);
         for s in streams.iter() {
             if !s.has_parked.load(Ordering::Acquire) {
                 continue;
             }
             let Ok(mut p) = s.parked.try_lock() else {
-                left = true;
+                // A waiter runs this stream's parked work.
+                f.claimed = true;
                 continue;
             };
             if p.tasks.is_empty() {
                 continue;
             }
             if p.tick + 2 <= tick {
-                moved |= to_queue(s, self, &mut p) > 0;
+                f.moved |= to_queue(s, self, &mut p) > 0;
             } else {
-                left = true;
+                f.unclaimed = true;
             }
         }
-        (moved, left)
+        f
+    }
+}
+
+/// What one look of the watcher ([`EngineInner::flush_stale`]) found.
+#[derive(Default)]
+pub(crate) struct Flushed {
+    /// Stale parked work went to the queues.
+    pub(crate) moved: bool,
+    /// Parked work nobody runs is not stale yet, or the streams could not be looked at.
+    pub(crate) unclaimed: bool,
+    /// Waiters run parked work.
+    pub(crate) claimed: bool,
+}
+
+impl Flushed {
+    /// The next tick's length after a look that found this, the last tick `len` long.
+    fn next_tick(&self, len: Duration) -> Duration {
+        if self.moved {
+            WATCH_TICK
+        } else if self.unclaimed {
+            len.max(WATCH_TICK)
+        } else {
+            // Waiters run everything parked (or nothing is): look less often. Each look takes
+            // the core from them, and a waiter blocked on a late peer would pay a wake-up a
+            // tick for as long as it waits.
+            (len * 2).clamp(WATCH_TICK, WATCH_TICK_MAX)
+        }
+    }
+}
+
+#[cfg(all(test, not(ampccl_loom)))]
+mod tests {
+    use super::*;
+
+    fn look(moved: bool, unclaimed: bool, claimed: bool, len: Duration) -> Duration {
+        Flushed { moved, unclaimed, claimed }.next_tick(len)
+    }
+
+    /// The watcher looks less often while waiters run the parked work (a waiter blocked on a
+    /// late peer would otherwise pay a wake-up every millisecond), keeps its pace while
+    /// parked work nobody runs waits to become stale, and looks every tick again once it had
+    /// to move some.
+    #[test]
+    fn the_watch_backs_off_while_waiters_run_the_parked_work() {
+        let mut len = WATCH_TICK;
+        let mut lens = Vec::new();
+        for _ in 0..6 {
+            len = look(false, false, true, len);
+            lens.push(len);
+        }
+        assert_eq!(lens[0], 2 * WATCH_TICK);
+        assert_eq!(len, WATCH_TICK_MAX);
+        assert!(lens.windows(2).all(|p| p[0] <= p[1]));
+        assert_eq!(look(false, true, true, WATCH_TICK_MAX), WATCH_TICK_MAX);
+        assert_eq!(look(false, true, false, WATCH_TICK), WATCH_TICK);
+        assert_eq!(look(true, true, true, WATCH_TICK_MAX), WATCH_TICK);
+        assert_eq!(look(false, false, false, WATCH_TICK), 2 * WATCH_TICK);
     }
 }
 
