@@ -365,7 +365,12 @@ mod tests {
     use super::*;
 
     fn look(moved: bool, unclaimed: bool, claimed: bool, len: Duration) -> Duration {
-        Flushed { moved, unclaimed, claimed }.next_tick(len)
+        Flushed {
+            moved,
+            unclaimed,
+            claimed,
+        }
+        .next_tick(len)
     }
 
     /// The watcher looks less often while waiters run the parked work (a waiter blocked on a

@@ -1,68 +1,30 @@
 //! [`OfiDevice`]: the connected `ofi` provider ([`super::connect`]) and its RMA device and
 //! transport interfaces, over the state it shares with its progress thread
-//! ([`super::progress`]).
+//! ([`super::shared`], [`super::progress`]).
 
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ampccl_runtime::doorbell::Doorbell;
-use ampccl_runtime::mem::HostBuffer;
 use ampccl_runtime::param::{Param, Unit};
 use ampccl_runtime::task::CopyTo;
 use ampccl_runtime::{Error, Result};
 
 use super::peer::{Region, Striped};
 use super::progress;
+use super::shared::Shared;
 use super::state::State;
 use super::sys;
 use super::wire::{self, Header, Kind};
 use crate::device::{
     CTS_READ, CtsEntry, EagerHeader, IMM_ERROR, OpRecord, RmaDevice, eager_payload,
 };
-use crate::handback::{Handback, PollMark};
-use crate::oplog::OpLog;
 use crate::protocol;
 use crate::transport::{OpFormatter, Transport};
 
-/// Largest eager payload: one message instead of a clear-to-send, a write and an immediate,
-/// for one copy more on each side (into the message, out of the receive buffer); every posted
-/// receive holds one such message. docs/TUNING.md ("Fixed constants") has the measurement.
-const EAGER_MAX: usize = 32 << 10;
-
-/// `ofi_rxm`'s bounce buffer, its eager limit: libfabric's `FI_OFI_RXM_BUFFER_SIZE`, 16 KiB
-/// unless set (libfabric 1.x reports it nowhere else: `ofi_rxm`'s inject size is its core
-/// provider's).
-fn rxm_buffer() -> usize {
-    std::env::var("FI_OFI_RXM_BUFFER_SIZE")
-        .ok()
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(16 << 10)
-}
-
-/// The largest eager payload over `provider` (a name as libfabric gives it, `tcp;ofi_rxm`).
-/// Where `ofi_rxm` carries the messages, every message (our header and a full batch of
-/// held-back messages with it) fits its bounce buffer ([`rxm_buffer`]; 14 KiB eager with the
-/// default 16 KiB), in whole KiB: beyond it, `ofi_rxm` runs a rendezvous of its own under
-/// ours. Rank 0's value holds for every rank (`connect`).
-pub fn eager_max(provider: &str) -> usize {
-    eager_within(provider, rxm_buffer())
-}
-
-/// [`eager_max`] with `ofi_rxm`'s bounce buffers of `rxm_buffer` bytes.
-fn eager_within(provider: &str, rxm_buffer: usize) -> usize {
-    if !provider.split(';').any(|p| p == "ofi_rxm") {
-        return EAGER_MAX;
-    }
-    let overhead = wire::msg_max(0) - wire::MAX_TEXT;
-    (rxm_buffer.saturating_sub(overhead) & !1023).clamp(1 << 10, EAGER_MAX)
-}
-
-/// Longest block on the queues' descriptors of a device-side wait between its looks at its
-/// condition and deadline.
-const WAIT_STEP: Duration = Duration::from_millis(1);
 /// Largest transfer our clear-to-send asks the sender to complete by its writes alone
 /// ([`wire::CTS_WRITES_COMPLETE`]); the receiver's value holds for its transfers.
 pub static WRITES_COMPLETE_MAX: Param = Param::new(
@@ -75,10 +37,6 @@ pub static WRITES_COMPLETE_MAX: Param = Param::new(
 );
 /// How long closing waits for our last messages to leave.
 const FLUSH_WAIT: Duration = Duration::from_millis(500);
-/// How long a failing operation waits for our writes and reads still with the provider before
-/// its error returns (libfabric cancels no writes or reads): a peer that is alive completes
-/// them, one that is gone fails them, so the application's memory is ours again first.
-const DRAIN_WAIT: Duration = Duration::from_secs(1);
 /// The `ofi` provider connected to every peer of a communicator: what it shares with its
 /// progress thread, and that thread. Dropping it stops and joins the thread first, so the
 /// endpoint always closes on the thread that drops the device, before the drop returns (a
@@ -88,35 +46,6 @@ pub struct OfiDevice {
     /// Dropped with the device, unless operations were still in flight (see its drop).
     shared: ManuallyDrop<Arc<Shared>>,
     progress: Option<JoinHandle<()>>,
-}
-
-/// The device's state, shared with its progress thread.
-pub struct Shared {
-    pub(super) rank: usize,
-    depth: usize,
-    rails: usize,
-    /// The state's `eager_max`, read here without the lock.
-    eager_max: usize,
-    /// [`WRITES_COMPLETE_MAX`].
-    writes_complete_max: usize,
-    state: Mutex<State>,
-    descs: Vec<String>,
-    /// The completion queues' descriptors (none without wait objects).
-    pub(super) wait_fds: Vec<i32>,
-    virt_addr: bool,
-    pub(super) bell: Doorbell,
-    /// The engine's polls of the endpoint, and its word before it sleeps
-    /// ([`crate::handback`]): the progress thread reads the queue only while nobody polls.
-    pub(super) polled: PollMark,
-    pub(super) handback: Handback,
-    window: HostBuffer,
-    failed: AtomicBool,
-    /// A failure's wait for our writes and reads ran out ([`Shared::reclaim`]).
-    drain_ran_out: AtomicBool,
-    ops: OpLog,
-    timeout: Duration,
-    /// Set when the device drops: the progress thread ends.
-    pub(super) stop: AtomicBool,
 }
 
 impl std::ops::Deref for OfiDevice {
@@ -137,27 +66,14 @@ impl OfiDevice {
         virt_addr: bool,
         timeout: Duration,
     ) -> Result<Arc<OfiDevice>> {
-        let wait_fds = state.ep.wait_fds().to_vec();
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(Shared::new(
             rank,
-            depth,
-            rails,
-            eager_max: state.eager_max,
-            writes_complete_max: WRITES_COMPLETE_MAX.bytes(),
-            state: Mutex::new(state),
+            (depth, rails, window),
+            state,
             descs,
-            wait_fds,
             virt_addr,
-            bell: Doorbell::new(),
-            polled: PollMark::default(),
-            handback: Handback::new().map_err(|e| Error::system("ofi: eventfd", e))?,
-            window: HostBuffer::zeroed(window),
-            failed: AtomicBool::new(false),
-            drain_ran_out: AtomicBool::new(false),
-            ops: OpLog::default(),
             timeout,
-            stop: AtomicBool::new(false),
-        });
+        )?);
         let theirs = shared.clone();
         let progress = std::thread::Builder::new()
             .name("ampccl-ofi-progress".into())
@@ -167,159 +83,6 @@ impl OfiDevice {
             shared: ManuallyDrop::new(shared),
             progress: Some(progress),
         }))
-    }
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The state if nobody holds it.
-    pub(super) fn try_lock(&self) -> Option<MutexGuard<'_, State>> {
-        match self.state.try_lock() {
-            Ok(s) => Some(s),
-            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
-        }
-    }
-
-    /// The state after reading the completions ready (an engine's poll). Every other poll
-    /// returns the state as it is: reading the queue is a system call with socket providers,
-    /// and an engine step asks about several slots in a row (a receive's eager slot, then its
-    /// completion slot). Were a poll that found something followed by another read, a
-    /// message landing in the step's second question would cost the next step a wasted
-    /// system call before anyone looks at it; alternating, the next question sees it at once.
-    fn polled(&self) -> MutexGuard<'_, State> {
-        self.polled.mark();
-        let mut s = self.lock();
-        if !std::mem::take(&mut s.polled_fresh) {
-            s.progress();
-            s.polled_fresh = true;
-        }
-        s
-    }
-
-    /// An error naming `peer` for a failed post.
-    fn post_err(&self, peer: usize, what: &str, why: String) -> Error {
-        Error::Remote(format!("ofi: {what} to {}: {why}", self.descs[peer]))
-    }
-
-    /// Drives the endpoint until `done` says so, blocking on the completion queue between
-    /// tries; fails when `peer` dies or the wait exceeds the timeout.
-    fn wait(
-        &self,
-        peer: usize,
-        what: &str,
-        mut done: impl FnMut(&mut State) -> bool,
-    ) -> Result<()> {
-        let deadline = Instant::now() + self.timeout;
-        loop {
-            self.polled.mark();
-            let may_block = {
-                let mut s = self.lock();
-                let any = s.progress_all();
-                if done(&mut s) {
-                    return Ok(());
-                }
-                if let Some(why) = &s.peer(peer).dead {
-                    let e = Error::Remote(format!("{} {why}", self.descs[peer]));
-                    drop(s);
-                    self.reclaim();
-                    return Err(e);
-                }
-                !any && s.ep.trywait()
-            };
-            if Instant::now() >= deadline {
-                self.reclaim();
-                return Err(Error::Timeout(format!(
-                    "{what} with {} took longer than {:.1} s",
-                    self.descs[peer],
-                    self.timeout.as_secs_f64()
-                )));
-            }
-            if may_block {
-                progress::block_on_queue(&self.wait_fds, &[], WAIT_STEP, progress::NAP_MIN);
-            }
-        }
-    }
-
-    /// Makes the application's memory ours again before an operation's error returns. First
-    /// it reads the queue and waits up to [`DRAIN_WAIT`] for our own writes and reads to
-    /// complete or fail (data that already arrived still completes its transfer meanwhile);
-    /// then it withdraws the writes still queued and closes every region peers may write into
-    /// or read ([`State::revoke_all`]).
-    ///
-    /// Once a wait ran out, later failures do not wait again (each operation of the failed
-    /// communicator would otherwise add its second).
-    fn reclaim(&self) {
-        if !self.drain_ran_out.load(Ordering::Relaxed)
-            && !self.drive_until(DRAIN_WAIT, |s| !s.accessing())
-        {
-            self.drain_ran_out.store(true, Ordering::Relaxed);
-            tracing::warn!("ofi: writes or reads of ours still run after a failure");
-        }
-        let mut s = self.lock();
-        s.withdraw_queued_writes();
-        s.revoke_all();
-    }
-
-    /// Reads the queue until `done` says so, blocking on it between reads, for at most
-    /// `limit`; whether `done` said so (it is asked at least once).
-    fn drive_until(&self, limit: Duration, mut done: impl FnMut(&State) -> bool) -> bool {
-        let deadline = Instant::now() + limit;
-        loop {
-            let mut s = self.lock();
-            s.progress_all();
-            if done(&s) {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            drop(s);
-            progress::block_on_queue(&self.wait_fds, &[], WAIT_STEP, progress::NAP_MIN);
-        }
-    }
-
-    /// Sends a control message to `peer`.
-    fn send(&self, peer: usize, h: &Header, payload: &[u8]) -> Result<()> {
-        self.lock()
-            .send(peer, h, payload)
-            .map_err(|why| self.post_err(peer, "a message", why))
-    }
-
-    /// The remote address of `addr` in the region of `peer`'s entry `slot`, checked against
-    /// the entry, as the provider addresses registered memory; with the region's key and the
-    /// rail of the access. Stripe `k` of a transfer goes on rail `k` (modulo the rails): a
-    /// transfer of one stripe always takes rail 0, so every connection carries a steady
-    /// stream instead of one burst now and then (a paced connection left idle between bursts
-    /// sends the next one slowly: docs/TUNING.md, `AMPCCL_RMA_STRIPE_MIN`).
-    fn remote(
-        &self,
-        s: &mut State,
-        peer: usize,
-        slot: u32,
-        addr: u64,
-        len: usize,
-    ) -> Result<(u64, u64, usize)> {
-        let desc = &self.descs[peer];
-        let Some(&(entry, rkey, _)) = s.peer(peer).cts.get(slot as usize) else {
-            return Err(Error::Remote(format!(
-                "{desc}: its clear-to-send names the key {slot} (slots: {})",
-                self.depth
-            )));
-        };
-        let off = addr.wrapping_sub(entry.addr);
-        if off > entry.size || len as u64 > entry.size - off {
-            return Err(Error::Internal(format!(
-                "ofi: {len} bytes at offset {off} of {desc}'s region of {} bytes",
-                entry.size
-            )));
-        }
-        let rails = s.peer(peer).addrs.len().max(1);
-        let rail = protocol::stripe_of(off, entry.size as usize, entry.nreqs) % rails;
-        Ok((if self.virt_addr { addr } else { off }, rkey, rail))
     }
 }
 
@@ -682,27 +445,5 @@ impl Transport for OfiDevice {
             }
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{EAGER_MAX, eager_within};
-    use crate::ofi::wire::msg_max;
-
-    /// Over `ofi_rxm` every message fits its bounce buffer, the default one and larger or
-    /// smaller ones; other providers take the full eager size.
-    #[test]
-    fn eager_messages_fit_the_rxm_bounce_buffer() {
-        let rxm = "tcp;ofi_rxm";
-        assert_eq!(eager_within("tcp", 16 << 10), EAGER_MAX);
-        assert_eq!(eager_within("verbs;ofi_rxm", 16 << 10), 14 << 10);
-        assert_eq!(eager_within(rxm, 36 << 10), EAGER_MAX, "capped");
-        assert_eq!(eager_within(rxm, 0), 1 << 10, "the floor");
-        for buf in [4 << 10, 16 << 10, 20_000, 33 << 10, 36 << 10] {
-            let eager = eager_within(rxm, buf);
-            assert!(msg_max(eager) <= buf, "{buf}: {eager}");
-            assert_eq!(eager % 1024, 0);
-        }
     }
 }

@@ -67,6 +67,7 @@ mod peer;
 mod progress;
 mod quiet;
 mod setup;
+mod shared;
 mod state;
 mod sys;
 mod wire;

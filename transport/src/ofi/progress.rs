@@ -15,7 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use super::device::Shared;
+use super::shared::Shared;
 use super::wire::{Header, Kind};
 use crate::bootstrap::poll_readable;
 

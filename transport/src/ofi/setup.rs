@@ -7,12 +7,13 @@ use std::sync::{Arc, OnceLock};
 use ampccl_runtime::param::{Param, Unit};
 use ampccl_runtime::{Error, Result};
 
-use super::device::{OfiDevice, eager_max};
+use super::device::OfiDevice;
 use super::fabric::{Caps, Endpoint, Pick, Wait};
 use super::peer::PeerState;
 use super::state::{self, State};
 use super::sys::Lib;
 use super::wire;
+use super::wire::eager_max;
 use crate::bootstrap::Bootstrap;
 use crate::transport::TransportConfig;
 

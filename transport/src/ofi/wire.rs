@@ -35,6 +35,39 @@ pub fn msg_max(eager_max: usize) -> usize {
     HEADER + DEFER_MAX + 4 + HEADER + eager_max.max(MAX_TEXT)
 }
 
+/// Largest eager payload: one message instead of a clear-to-send, a write and an immediate,
+/// for one copy more on each side (into the message, out of the receive buffer); every posted
+/// receive holds one such message. docs/TUNING.md ("Fixed constants") has the measurement.
+const EAGER_MAX: usize = 32 << 10;
+
+/// `ofi_rxm`'s bounce buffer, its eager limit: libfabric's `FI_OFI_RXM_BUFFER_SIZE`, 16 KiB
+/// unless set (libfabric 1.x reports it nowhere else: `ofi_rxm`'s inject size is its core
+/// provider's).
+fn rxm_buffer() -> usize {
+    std::env::var("FI_OFI_RXM_BUFFER_SIZE")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(16 << 10)
+}
+
+/// The largest eager payload over `provider` (a name as libfabric gives it, `tcp;ofi_rxm`).
+/// Where `ofi_rxm` carries the messages, every message (our header and a full batch of
+/// held-back messages with it) fits its bounce buffer ([`rxm_buffer`]; 14 KiB eager with the
+/// default 16 KiB), in whole KiB: beyond it, `ofi_rxm` runs a rendezvous of its own under
+/// ours. Rank 0's value holds for every rank (`connect`).
+pub fn eager_max(provider: &str) -> usize {
+    eager_within(provider, rxm_buffer())
+}
+
+/// [`eager_max`] with `ofi_rxm`'s bounce buffers of `rxm_buffer` bytes.
+fn eager_within(provider: &str, rxm_buffer: usize) -> usize {
+    if !provider.split(';').any(|p| p == "ofi_rxm") {
+        return EAGER_MAX;
+    }
+    let overhead = msg_max(0) - MAX_TEXT;
+    (rxm_buffer.saturating_sub(overhead) & !1023).clamp(1 << 10, EAGER_MAX)
+}
+
 /// What a message carries.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
@@ -351,5 +384,21 @@ mod tests {
         assert!(decode(&m, 4, 64).is_err());
         assert_eq!(sender_of(&m), Some(5));
         assert_eq!(sender_of(&m[..27]), None);
+    }
+
+    /// Over `ofi_rxm` every message fits its bounce buffer, the default one and larger or
+    /// smaller ones; other providers take the full eager size.
+    #[test]
+    fn eager_messages_fit_the_rxm_bounce_buffer() {
+        let rxm = "tcp;ofi_rxm";
+        assert_eq!(eager_within("tcp", 16 << 10), EAGER_MAX);
+        assert_eq!(eager_within("verbs;ofi_rxm", 16 << 10), 14 << 10);
+        assert_eq!(eager_within(rxm, 36 << 10), EAGER_MAX, "capped");
+        assert_eq!(eager_within(rxm, 0), 1 << 10, "the floor");
+        for buf in [4 << 10, 16 << 10, 20_000, 33 << 10, 36 << 10] {
+            let eager = eager_within(rxm, buf);
+            assert!(msg_max(eager) <= buf, "{buf}: {eager}");
+            assert_eq!(eager % 1024, 0);
+        }
     }
 }
