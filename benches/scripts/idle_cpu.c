@@ -24,15 +24,13 @@
 
 enum { IDLE_S = 3, ROUNDS = 5, LATE_MS = 1000 };
 
-#define CHECK(cmd)                                                                   \
-  do {                                                                               \
-    ampcclResult_t r_ = (cmd);                                                       \
-    if (r_ != ampcclSuccess) {                                                       \
-      fprintf(stderr, "%s failed: %s (%s)\n", #cmd, ampcclGetErrorString(r_),        \
-              ampcclGetLastError(NULL));                                             \
-      exit(1);                                                                       \
-    }                                                                                \
-  } while (0)
+/* Exits with the library's message when a call failed. */
+static void check(ampcclResult_t r, const char *call) {
+  if (r == ampcclSuccess) return;
+  fprintf(stderr, "%s: %s (%s)\n", call, ampcclGetErrorString(r), ampcclGetLastError(NULL));
+  exit(1);
+}
+#define CHECK(cmd) check((cmd), #cmd)
 
 static double cpu_s(void) {
   struct rusage r;

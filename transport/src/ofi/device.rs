@@ -16,7 +16,6 @@ use ampccl_runtime::{Error, Result};
 use super::peer::{Region, Striped};
 use super::progress;
 use super::shared::Shared;
-use super::state::State;
 use super::sys;
 use super::wire::{self, Header, Kind};
 use crate::device::{
@@ -56,24 +55,9 @@ impl std::ops::Deref for OfiDevice {
 }
 
 impl OfiDevice {
-    /// The device over `state` (`depth` FIFO slots, `rails` rails, a window of `window`
-    /// bytes), its progress thread started.
-    pub(super) fn start(
-        rank: usize,
-        (depth, rails, window): (usize, usize, usize),
-        state: State,
-        descs: Vec<String>,
-        virt_addr: bool,
-        timeout: Duration,
-    ) -> Result<Arc<OfiDevice>> {
-        let shared = Arc::new(Shared::new(
-            rank,
-            (depth, rails, window),
-            state,
-            descs,
-            virt_addr,
-            timeout,
-        )?);
+    /// The device over `shared`, its progress thread started.
+    pub(super) fn start(shared: Shared) -> Result<Arc<OfiDevice>> {
+        let shared = Arc::new(shared);
         let theirs = shared.clone();
         let progress = std::thread::Builder::new()
             .name("ampccl-ofi-progress".into())

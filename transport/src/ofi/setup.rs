@@ -10,6 +10,7 @@ use ampccl_runtime::{Error, Result};
 use super::device::OfiDevice;
 use super::fabric::{Caps, Endpoint, Pick, Wait};
 use super::peer::PeerState;
+use super::shared::Shared;
 use super::state::{self, State};
 use super::sys::Lib;
 use super::wire;
@@ -322,14 +323,14 @@ pub fn connect(
             "poll the completion queues (the provider offers no wait object)"
         },
     );
-    OfiDevice::start(
+    OfiDevice::start(Shared::new(
         rank,
         (cfg.fifo_depth, rails, cfg.window),
         state,
         descs,
         caps.virt_addr,
         boot.timeout(),
-    )
+    )?)
     .map(Some)
 }
 
