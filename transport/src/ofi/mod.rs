@@ -62,6 +62,7 @@
 mod device;
 mod fabric;
 mod incoming;
+mod op;
 mod outgoing;
 mod peer;
 mod progress;

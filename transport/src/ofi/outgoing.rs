@@ -6,7 +6,8 @@
 //! [`crate::hold::HOLD`] or filled [`wire::DEFER_MAX`].
 
 use super::fabric::Mr;
-use super::state::{Op, State, What};
+use super::op::{Op, What};
+use super::state::State;
 use super::sys::{self, Context2};
 use super::wire::{self, Header};
 
