@@ -41,6 +41,9 @@
 //! running parked tasks to see it and stop, so that no task touches the application's buffers
 //! after it returns, as for queued tasks.
 
+// Under loom the engine's background thread, the watcher's only caller, is not built.
+#![cfg_attr(ampccl_loom, allow(dead_code))]
+
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::task::Poll;

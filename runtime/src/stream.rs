@@ -402,7 +402,7 @@ impl Event {
     }
 
     /// The stream position the event marks.
-    #[cfg(ampccl_loom)]
+    #[cfg(all(test, ampccl_loom))]
     pub(crate) fn seq(&self) -> u64 {
         self.seq
     }
