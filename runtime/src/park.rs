@@ -340,11 +340,11 @@ impl EngineInner {
 #[derive(Default)]
 pub(crate) struct Flushed {
     /// Stale parked work went to the queues.
-    pub(crate) moved: bool,
+    moved: bool,
     /// Parked work nobody runs is not stale yet, or the streams could not be looked at.
-    pub(crate) unclaimed: bool,
+    unclaimed: bool,
     /// Waiters run parked work.
-    pub(crate) claimed: bool,
+    claimed: bool,
 }
 
 impl Flushed {
