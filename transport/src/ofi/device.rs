@@ -147,7 +147,7 @@ impl RmaDevice for OfiDevice {
     }
 
     fn poll_cts(&self, peer: usize, slot: usize, idx: u32) -> Option<CtsEntry> {
-        let (e, _, _) = self.polled().peer(peer).cts[slot];
+        let e = self.polled().peer(peer).cts[slot].entry;
         (e.idx == idx).then_some(e)
     }
 
@@ -207,8 +207,11 @@ impl RmaDevice for OfiDevice {
         // A clear-to-send that asked for it lets the writes complete the transfer: no
         // immediate then, unless the transfer failed. (Should the slot hold a later entry
         // already, the peer has completed this transfer, which only such writes can do.)
-        let (entry, _, by_writes) = p.cts[slot];
-        if (by_writes || entry.idx != imm & !IMM_ERROR) && writes > 0 && imm & IMM_ERROR == 0 {
+        let cts = p.cts[slot];
+        if (cts.writes_complete || cts.entry.idx != imm & !IMM_ERROR)
+            && writes > 0
+            && imm & IMM_ERROR == 0
+        {
             return Ok(());
         }
         let h = Header::new(Kind::Imm, slot, imm, writes, len);

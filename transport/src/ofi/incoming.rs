@@ -9,7 +9,7 @@
 //! spare buffer is posted in its place); a smaller one is copied out, so the buffer is posted
 //! again at once.
 
-use super::peer::{Payload, RecvBuf};
+use super::peer::{Payload, PeerCts, RecvBuf};
 use super::state::State;
 use super::sys::{self, Context2};
 use super::wire::{self, Header, Kind};
@@ -180,7 +180,11 @@ impl State {
                     key: h.slot,
                     ..wire::decode_cts(payload)
                 };
-                p.cts[slot] = (entry, h.value, h.a & wire::CTS_WRITES_COMPLETE != 0);
+                p.cts[slot] = PeerCts {
+                    entry,
+                    rkey: h.value,
+                    writes_complete: h.a & wire::CTS_WRITES_COMPLETE != 0,
+                };
             }
             Kind::Imm => p.immediate(slot, (h.a, h.b, h.value))?,
             Kind::Eager => return self.store_eager(peer, slot, h, payload),

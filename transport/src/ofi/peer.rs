@@ -15,6 +15,17 @@ use super::sys::FiAddr;
 use crate::device::CtsEntry;
 use crate::hold::Held;
 
+/// A clear-to-send entry the peer posted, as its message carried it.
+#[derive(Clone, Copy, Default)]
+pub struct PeerCts {
+    pub entry: CtsEntry,
+    /// The memory key of the region the entry names (0: none).
+    pub rkey: u64,
+    /// The transfer's writes complete it by themselves: we send no immediate for it unless
+    /// it fails ([`super::wire::CTS_WRITES_COMPLETE`]).
+    pub writes_complete: bool,
+}
+
 /// A completion slot: the published immediate and length, and the transfer in progress (its
 /// immediate message, the data writes counted so far, and what a transfer whose writes
 /// complete it publishes once they have all landed).
@@ -115,10 +126,8 @@ pub struct PeerState {
     /// The peer's rails in our address vector (its rail `r` for our rail `r`).
     pub addrs: Vec<FiAddr>,
     pub desc: String,
-    /// Clear-to-send entries the peer posted, with the key of the region each names and
-    /// whether the transfer's writes complete it by themselves (we then send no immediate
-    /// for it: [`super::wire::CTS_WRITES_COMPLETE`]).
-    pub cts: Vec<(CtsEntry, u64, bool)>,
+    /// Clear-to-send entries the peer posted, one per FIFO slot.
+    pub cts: Vec<PeerCts>,
     pub imm: Vec<ImmSlot>,
     pub eager: Vec<EagerSlot>,
     pub credits: Vec<u32>,
@@ -154,7 +163,7 @@ impl PeerState {
         PeerState {
             addrs,
             desc,
-            cts: vec![(CtsEntry::default(), 0, false); depth],
+            cts: vec![PeerCts::default(); depth],
             imm: (0..depth).map(|_| ImmSlot::default()).collect(),
             eager: (0..depth).map(|_| EagerSlot::default()).collect(),
             credits: vec![0; depth],

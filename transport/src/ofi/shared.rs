@@ -14,6 +14,7 @@ use ampccl_runtime::mem::HostBuffer;
 use ampccl_runtime::{Error, Result};
 
 use super::device::WRITES_COMPLETE_MAX;
+use super::peer::PeerCts;
 use super::progress;
 use super::state::State;
 use super::wire::Header;
@@ -229,7 +230,7 @@ impl Shared {
         len: usize,
     ) -> Result<(u64, u64, usize)> {
         let desc = &self.descs[peer];
-        let Some(&(entry, rkey, _)) = s.peer(peer).cts.get(slot as usize) else {
+        let Some(&PeerCts { entry, rkey, .. }) = s.peer(peer).cts.get(slot as usize) else {
             return Err(Error::Remote(format!(
                 "{desc}: its clear-to-send names the key {slot} (slots: {})",
                 self.depth
