@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Everything the GPU tables in docs/PERFORMANCE.md come from, on N local GPUs, in one run:
+# Everything the tables in docs/GPU.md come from, on N local GPUs, in one run:
 # correctness (NCCL-only vs preload), the host-side PCIe ceiling, busbw of NCCL alone vs the
 # preload with default settings and with static splits, and the controller's convergence.
 #   cargo build --release -p ampccl-preload

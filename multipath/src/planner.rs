@@ -21,7 +21,7 @@ pub struct PlannerRules {
 impl Default for PlannerRules {
     /// `min_msg_bytes` 256 MiB: on 2×H200, split calls of 16 and 64 MiB ran at 0.83× and 0.95×
     /// of NCCL alone with the best split the controller found, those of 256 MiB at 1.0–1.04×
-    /// (docs/PERFORMANCE.md, "GPU").
+    /// (docs/GPU.md).
     fn default() -> PlannerRules {
         PlannerRules {
             min_msg_bytes: 256 << 20,

@@ -223,7 +223,7 @@ fn finds_nccl_loaded_rtld_local() {
 
 #[test]
 fn pass_through_cost_is_reported() {
-    // Not a timed assertion (machines are noisy): the figure goes to docs/PERFORMANCE.md from
+    // Not a timed assertion (machines are noisy): the figure goes to docs/GPU.md from
     // `client bench`; here only that the measurement runs with and without the interposer.
     for env in [
         vec![],

@@ -353,7 +353,7 @@ impl Endpoint {
             )?;
             // A queue of its own for rail 0 only where our reads drive the rails (manual
             // progress): with automatic progress the split measured no gain
-            // (docs/PERFORMANCE.md).
+            // (docs/TUNING.md, "Fixed constants").
             let queues = if rails > 1 && e.caps.manual { 2 } else { 1 };
             let mut waits = true;
             for _ in 0..queues {

@@ -9,7 +9,7 @@
 //! receive has waited [`crate::hold::HOLD`] or the engine is about to sleep
 //! ([`super::state::State::flush`]). A mismatched sender then learns of the mismatch that much
 //! later; a matched exchange saves the entry's bytes and its encoding, decoding and delivery
-//! on both sides, per message (docs/PERFORMANCE.md, "Over libfabric", has the measurement).
+//! on both sides, per message (docs/TUNING.md, "Fixed constants", has the measurement).
 
 use std::collections::VecDeque;
 

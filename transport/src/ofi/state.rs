@@ -393,7 +393,7 @@ impl State {
     /// other rails) while a transfer cut into stripes may use them: one of ours is with the
     /// provider there, or a region of ours awaits a peer's stripes. Over `ofi_rxm` a read
     /// drives every rail of its queue, a system call per idle rail with socket providers
-    /// (docs/PERFORMANCE.md); whether there was any.
+    /// (docs/TUNING.md, "Fixed constants"); whether there was any.
     pub fn progress(&mut self) -> bool {
         let stripes = self.striped_ops > 0 || self.open_stripes.load(Ordering::Relaxed) > 0;
         self.progress_queues(stripes)
