@@ -66,7 +66,8 @@ when it ends; every launch sets up the same hosts. Per variant:
   fabtests    libfabric's own benchmarks, the ceiling of what libfabric carries between two hosts
   fabtests2   (always 2 hosts: `ampccl-hosts -k 2 -- sh -c ...`, the server in host 0 with
               `-s 10.213.0.1`, the client in host 1 given 10.213.0.1; FI_TCP_IFACE=eth0), one
-              launch per size and test, `-e rdm -m -S S -I N` (N for about 0.2 s per size):
+              launch per size and test, `-e rdm -m -S S -I N` (N for about 0.2 s per size),
+              each side pinned as ampccl's ranks are (--pin-ampccl):
                 write      fi_rma_bw -o write -W W: both sides write S-byte messages to each
                            other at once, W in flight (at most 128 MiB, at most 64); GB/s per
                            direction, as a sendrecv's algbw (sizes up to the provider's inject
@@ -74,12 +75,11 @@ when it ends; every launch sets up the same hosts. Per variant:
                 writedata  fi_rma_bw -o writedata -W W: host 1 writes to host 0 (one direction)
                 pingpong   fi_rdm_pingpong: us = half the round trip (fabtests' usec/xfer)
                 pingpong-mixed  the same on a connection that first carried messages of half
-                           the size (`-S l:S/2,S`), as any application's carries several sizes
+                           the size (`-S r:S/2,S/2,S`), as any application's carries several sizes
                            (ampccl's its control messages too): after messages of more than one
                            segment and a smaller size (4 KiB after 2 KiB, not after 1 KiB), the
                            kernel acknowledges a message not on its arrival but from the
-                           reader's `recv`, on the critical path (fabtests2 only: 1.17.1
-                           takes no list of sizes)
+                           reader's `recv`, on the critical path
               Of the two sides' figures, the slower is taken (ampccl-perf: the slowest rank).
               `fabtests` is fabtests 1.17.1 on the system's libfabric (1.17) with -p
               'tcp;ofi_rxm', the same as ampccl-ofi; `fabtests2` is fabtests 2.4.0 on Intel MPI's
@@ -94,7 +94,8 @@ tick (the "4 ms steps per exchange" of Open MPI's default progress across emulat
 from this, not from the network). By default (--mpi-pin per-host) each host's rank is bound, all
 its threads, to CPU r%CPUS, as ranks on separate machines each have their own cores;
 --mpi-pin default keeps the launchers' binding to show that effect. Gloo's ranks pin their main
-thread (peer_bench.py); ampccl's ranks are not pinned unless --pin-ampccl.
+thread (peer_bench.py); ampccl's ranks, and fabtests' with them, are not pinned unless
+--pin-ampccl.
 
 Iteration counts are peer_bench.py's (about 256 MiB moved per size, 20..1000 calls, a quarter
 warm-up) for ampccl, Gloo, Open MPI and IMB (`-iter N -iter_policy off`; IMB warms up on its
@@ -177,19 +178,16 @@ FABTESTS = {"fabtests": (f"{PEERS_HOME}/fabtests-1.17.1/bin", "tcp;ofi_rxm", {"F
             "fabtests2": (f"{PEERS_HOME}/fabtests-2.4.0/bin", "tcp",
                           {"FI_TCP_IFACE": "eth0", "LD_LIBRARY_PATH": IMPI_LIB, "FI_PROVIDER_PATH": IMPI_LIB})}
 FAB_OF = {"ampccl-ofi": "fabtests", "ampccl-ofi2": "fabtests2"}
-# Variants whose fi_rdm_pingpong takes a list of sizes (`-S l:...`, fabtests 2.x): 1.17.1 reads
-# the list as size 0, so it runs no pingpong-mixed.
-FAB_LISTS = {"fabtests2"}
 FAB_TESTS = {"write": ["fi_rma_bw", "-o", "write"], "writedata": ["fi_rma_bw", "-o", "writedata"],
              "pingpong": ["fi_rdm_pingpong"], "pingpong-mixed": ["fi_rdm_pingpong"]}
 
 
 def fab_size(test, size):
-    """fabtests' `-S` for `test` at `size`: the size, or for pingpong-mixed a list that runs
-    messages of half the size on the connection first (growing: fi_rdm_pingpong fails on a
-    list that shrinks)."""
+    """fabtests' `-S` for `test` at `size`: the size, or for pingpong-mixed a range that runs
+    messages of half the size on the connection first (`r:START,INC,END`, which fabtests 1.17
+    and 2.x both read; their lists, `l:`, only 2.x)."""
     if test == "pingpong-mixed" and size > 1:
-        return f"l:{size // 2},{size}"
+        return f"r:{size // 2},{size // 2},{size}"
     return str(size)
 
 
@@ -277,6 +275,14 @@ class Bench:
 
     # --- the variants: each returns {size: (time_us, wrong or None)} ---
 
+    def pinned(self, prog):
+        """`prog` under `taskset -c RANK%CPUS` in each host with --pin-ampccl (ampccl's ranks and
+        fabtests', the other libfabric program, alike), else as it is."""
+        if not self.a.pin_ampccl:
+            return prog
+        ncpu = len(self.cpus)
+        return ["sh", "-c", f'exec taskset -c "$(( $RANK % {ncpu} ))" "$@"', "pin"] + prog
+
     def ampccl(self, op, sizes, env=None):
         res = {}
         for s in sizes:
@@ -288,10 +294,7 @@ class Bench:
             out = os.path.join(self.tmp, "ampccl.csv")
             prog = [perf_exe(), "-o", op, "-b", str(s), "-e", str(s), "-n", str(n), "-w", str(w),
                     "--csv", out]
-            if self.a.pin_ampccl:
-                ncpu = len(self.cpus)
-                prog = ["sh", "-c", f'exec taskset -c "$(( $RANK % {ncpu} ))" "$@"', "pin"] + prog
-            launch(self.hosts(prog), dict(os.environ, **(env or {})), self.a.timeout)
+            launch(self.hosts(self.pinned(prog)), dict(os.environ, **(env or {})), self.a.timeout)
             with open(out) as f:
                 rows = self.csv_rows(f.read(), op)
             os.remove(out)
@@ -370,8 +373,6 @@ class Bench:
         out = os.path.join(self.tmp, "fab.out")
         res = {}
         for test, (prog, *args) in FAB_TESTS.items():
-            if test == "pingpong-mixed" and v not in FAB_LISTS:
-                continue
             for s in sizes:
                 n = fab_iterations(s)
                 if prog == "fi_rma_bw":
@@ -386,7 +387,7 @@ class Bench:
                     if os.path.exists(f"{out}.{side}"):
                         os.remove(f"{out}.{side}")
                 try:
-                    launch(self.base + ["-k", "2", "--", "sh", "-c", FAB_SH, "fab", out] + cmd,
+                    launch(self.base + ["-k", "2", "--", "sh", "-c", FAB_SH, "fab", out] + self.pinned(cmd),
                            env, self.a.timeout)
                     sides = []
                     for side in (0, 1):
@@ -463,7 +464,8 @@ def main():
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--iperf3-time", type=float, default=3, help="seconds per iperf3 test")
     ap.add_argument("--pin-ampccl", action="store_true",
-                    help="run each ampccl rank under taskset -c RANK%%CPUS, as the peers are pinned")
+                    help="run each ampccl rank, and each fabtests side, under taskset -c RANK%%CPUS, "
+                         "as the MPI peers are pinned")
     ap.add_argument("--mpi-pin", choices=["per-host", "default"], default="per-host",
                     help="per-host: each MPI rank (all its threads) on CPU RANK%%CPUS, as on "
                          "separate machines; default: the launchers' own binding, which puts "
