@@ -8,6 +8,11 @@ the merged timeline of a window, one column per process, or per-process sums.
     syscall_timeline.py sums PREFIX --per N [--min-bytes 8000]
         per process and call kind, of the calls that moved at least --min-bytes: count, time
         and bytes divided by N (the calls the run made, warm-up included), and their rate
+    syscall_timeline.py gaps PREFIX
+        per process, over the middle half of its calls (past set-up and warm-up): the median
+        duration of each call kind that moved data or found something, and the median time
+        from the end of a receive to the start of the next send (a ping-pong's turnaround
+        in user space)
 
 PREFIX is $SYSCALL_TIMELINE of the run (files PREFIX.<pid>); files of fewer than 2 KB
 (launchers, shells) are skipped.
@@ -17,6 +22,7 @@ import argparse
 import glob
 import os
 import signal
+import statistics
 from collections import defaultdict
 
 
@@ -62,11 +68,30 @@ def sums(runs, per, min_bytes):
         print(f"{pid}: " + (", ".join(cells) or "no call moved that much"))
 
 
+def gaps(runs):
+    """Per process: median call durations and the median receive-to-send turnaround."""
+    for pid, recs in sorted(runs.items()):
+        mid = recs[len(recs) // 4: 3 * len(recs) // 4]
+        took, turn, received = defaultdict(list), [], None
+        for t0, t1, _tid, call, result in mid:
+            if result <= 0:
+                continue
+            took[call].append(t1 - t0)
+            if call in ("recv", "recvfrom", "recvmsg", "readv"):
+                received = t1
+            elif call in ("send", "sendmsg", "sendto", "writev") and received is not None:
+                turn.append(t0 - received)
+                received = None
+        cells = [f"{c} {len(v)}x {statistics.median(v):.2f}us" for c, v in sorted(took.items())]
+        gap = f"{statistics.median(turn):.2f}us" if turn else "none"
+        print(f"{pid}: receive to send {gap}; " + ", ".join(cells))
+
+
 def main():
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet under `| head`
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("timeline", "sums"))
+    ap.add_argument("mode", choices=("timeline", "sums", "gaps"))
     ap.add_argument("prefix")
     ap.add_argument("--at", type=float, default=0.66)
     ap.add_argument("--us", type=float, default=1200)
@@ -76,6 +101,8 @@ def main():
     runs = load(a.prefix)
     if a.mode == "timeline":
         timeline(runs, a.at, a.us)
+    elif a.mode == "gaps":
+        gaps(runs)
     else:
         sums(runs, a.per, a.min_bytes)
 

@@ -49,9 +49,10 @@ pub enum Wait {
     /// one: an idle thread blocks on it (`fi_trywait`, then `poll`).
     Fd,
     /// Queues without a wait object: threads poll them, an idle one with naps between looks.
-    /// A wait object costs the provider work on every completion (libfabric 1.17's
-    /// `ofi_rxm` writes to a socket pair and reads it back twice per message), which a host
-    /// with a core per rank may rather spend polling, as MPI libraries and fabtests do.
+    /// A wait object can cost the provider work on every poll (libfabric 1.17's `tcp` then
+    /// finds ready sockets through `epoll_wait` on its wait set instead of `poll` on them: 5–10 %
+    /// of an 8-byte ping-pong, docs/TUNING.md), which a host with a core per rank may rather
+    /// spend polling, as MPI libraries and fabtests do.
     Poll,
 }
 
