@@ -80,6 +80,10 @@ when it ends; every launch sets up the same hosts. Per variant:
                            segment and a smaller size (4 KiB after 2 KiB, not after 1 KiB), the
                            kernel acknowledges a message not on its arrival but from the
                            reader's `recv`, on the critical path
+                pingpong-fd  fi_rdm_pingpong -c fd: waits on its completion queue's file
+                           descriptor, as ampccl's default (AMPCCL_OFI_WAIT=fd) does once idle,
+                           instead of spinning on it (fabtests' default, which a rank with
+                           AMPCCL_OFI_WAIT=poll approaches)
               Of the two sides' figures, the slower is taken (ampccl-perf: the slowest rank).
               `fabtests` is fabtests 1.17.1 on the system's libfabric (1.17) with -p
               'tcp;ofi_rxm', the same as ampccl-ofi; `fabtests2` is fabtests 2.4.0 on Intel MPI's
@@ -129,7 +133,8 @@ and variant, with `best peer / ampccl` (the fastest peer's time over ampccl's: >
 faster), `ampccl / iperf3 1-stream` (algbw over the single-stream ceiling) and `ampccl-ofi /
 fabtests write`, `ampccl-ofi2 / fabtests2 write` (algbw over fi_rma_bw -o write's GB/s of the
 same size and libfabric; for pingpong `... / fabtests2 pingpong` and `... / fabtests2
-pingpong-mixed`, time over fi_rdm_pingpong's, < 1.3x is the latency target); then the iperf3
+pingpong-mixed`, `... pingpong-fd`, time over fi_rdm_pingpong's, < 1.3x is the latency
+target); then the iperf3
 ceilings and the fabtests figures per size. Files in --out-dir:
   compare_hosts.csv   the medians: op,hosts,variant,size,bytes,rounds,time_us,algbw_gbs,
                       busbw_gbs,wrong (wrong: results checked by ampccl-perf and peer_bench.py;
@@ -179,7 +184,8 @@ FABTESTS = {"fabtests": (f"{PEERS_HOME}/fabtests-1.17.1/bin", "tcp;ofi_rxm", {"F
                           {"FI_TCP_IFACE": "eth0", "LD_LIBRARY_PATH": IMPI_LIB, "FI_PROVIDER_PATH": IMPI_LIB})}
 FAB_OF = {"ampccl-ofi": "fabtests", "ampccl-ofi2": "fabtests2"}
 FAB_TESTS = {"write": ["fi_rma_bw", "-o", "write"], "writedata": ["fi_rma_bw", "-o", "writedata"],
-             "pingpong": ["fi_rdm_pingpong"], "pingpong-mixed": ["fi_rdm_pingpong"]}
+             "pingpong": ["fi_rdm_pingpong"], "pingpong-mixed": ["fi_rdm_pingpong"],
+             "pingpong-fd": ["fi_rdm_pingpong", "-c", "fd"]}
 
 
 def fab_size(test, size):
@@ -644,7 +650,7 @@ def main():
             head.append("ampccl / iperf3 1 stream")
         bounds = [(v, f) for v, f in FAB_OF.items() if v in variants and f in fabs]
         # Against fi_rma_bw -o write's rate, or fi_rdm_pingpong's time (x its time).
-        fab_tests = ("pingpong", "pingpong-mixed") if op == "pingpong" else ("write",)
+        fab_tests = ("pingpong", "pingpong-mixed", "pingpong-fd") if op == "pingpong" else ("write",)
         head += [f"{v} / {f} {t}" for v, f in bounds for t in fab_tests]
         print(f"### {op}, {k} hosts\n")
         print("| " + " | ".join(head) + " |")
