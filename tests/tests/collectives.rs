@@ -34,6 +34,7 @@ fn worker_entry() {
             "reduce" => each_dtype!(reduce(c)),
             "all_to_all" => each_dtype!(all_to_all(c)),
             "sendrecv" => each_dtype!(sendrecv(c)),
+            "eager_edges" => eager_edges(c)?,
             "barrier" => barrier(c)?,
             "topology" => topology(c)?,
             "transport" => transport(c)?,
@@ -298,6 +299,65 @@ fn sendrecv<T: TestElem>(c: &Communicator) -> Outcome {
     Ok(())
 }
 
+/// Byte counts around the sizes where a provider's eager path changes form: over `ofi_rxm`'s
+/// 16 KiB bounce buffer the header rides with payloads of up to 16 352 bytes and in the
+/// completion data from 16 353 to 16 384 (`wire::Compact`); 14 336 was the eager size before
+/// that, and larger payloads take the rendezvous.
+const EDGES: [usize; 8] = [
+    14_335, 14_337, 16_351, 16_352, 16_353, 16_383, 16_384, 16_385,
+];
+
+/// Ranks 0 and 1 swap messages of every [`EDGES`] size, blocking, in both orders, then rank 0
+/// sends a burst of more 16 KiB messages than the FIFO has slots (every slot reused, its
+/// sender held back by credits), each checked by rank 1.
+fn eager_edges(c: &Communicator) -> Outcome {
+    let rank = c.rank();
+    if rank > 1 {
+        return Ok(());
+    }
+    let peer = 1 - rank;
+    for (i, n) in EDGES.into_iter().enumerate() {
+        for round in 0..3u64 {
+            let s = salt(11, n, false, round as usize);
+            let w = what::<u8>(c, "eager-edge send/recv 0<->1", ReduceOp::Sum, n, false);
+            let mine = input::<u8>(rank, n, ReduceOp::Sum, s);
+            let mut got = vec![u8::poison(); n];
+            if (rank + i).is_multiple_of(2) {
+                c.send(&mine, peer).map_err(err(&w))?;
+                c.recv(&mut got, peer).map_err(err(&w))?;
+            } else {
+                c.recv(&mut got, peer).map_err(err(&w))?;
+                c.send(&mine, peer).map_err(err(&w))?;
+            }
+            check(
+                &w,
+                ReduceOp::Sum,
+                &got,
+                &input::<u8>(peer, n, ReduceOp::Sum, s),
+            )?;
+        }
+    }
+    let n = 16_384;
+    let w = what::<u8>(c, "a burst of eager messages 0->1", ReduceOp::Sum, n, false);
+    for k in 0..600usize {
+        let s = salt(12, n, false, k);
+        if rank == 0 {
+            c.send(&input::<u8>(0, n, ReduceOp::Sum, s), 1)
+                .map_err(err(&w))?;
+        } else {
+            let mut got = vec![u8::poison(); n];
+            c.recv(&mut got, 0).map_err(err(&w))?;
+            check(
+                &w,
+                ReduceOp::Sum,
+                &got,
+                &input::<u8>(0, n, ReduceOp::Sum, s),
+            )?;
+        }
+    }
+    Ok(())
+}
+
 fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -364,6 +424,8 @@ world_tests!("broadcast", TCP: tcp_broadcast_w2 = 2, tcp_broadcast_w3 = 3);
 world_tests!("reduce", TCP: tcp_reduce_w2 = 2, tcp_reduce_w3 = 3);
 world_tests!("all_to_all", TCP: tcp_all_to_all_w2 = 2, tcp_all_to_all_w3 = 3);
 world_tests!("sendrecv", TCP: tcp_sendrecv_w2 = 2, tcp_sendrecv_w3 = 3);
+world_tests!("eager_edges": eager_edges_w2 = 2);
+world_tests!("eager_edges", TCP: tcp_eager_edges_w2 = 2);
 world_tests!("barrier", TCP: tcp_barrier_w3 = 3);
 
 /// The `ofi` provider (libfabric's RMA) between the ranks of this host, over `$lib`.
@@ -388,6 +450,7 @@ ofi_tests!(RXM, "broadcast": ofi_broadcast_w3 = 3);
 ofi_tests!(RXM, "all_to_all": ofi_all_to_all_w3 = 3);
 ofi_tests!(RXM, "sendrecv": ofi_sendrecv_w3 = 3);
 ofi_tests!(RXM, "barrier": ofi_barrier_w3 = 3);
+ofi_tests!(RXM, "eager_edges": ofi_eager_edges_w2 = 2);
 
 /// `ofi_rxm` with 36 KiB bounce buffers (`FI_OFI_RXM_BUFFER_SIZE`): eager messages up to
 /// 32 KiB, so 4099 four-byte elements go eagerly where the default buffer sends them by
@@ -408,6 +471,7 @@ ofi_tests!(Libfabric::IntelMpi("tcp"), "all_to_all": ofi2_tcp_all_to_all_w2 = 2)
 // 3 ranks: messages from two peers at once (their receives are posted for any sender).
 ofi_tests!(Libfabric::IntelMpi("tcp"), "allgather": ofi2_tcp_allgather_w3 = 3);
 ofi_tests!(Libfabric::IntelMpi("tcp"), "sendrecv": ofi2_tcp_sendrecv_w3 = 3);
+ofi_tests!(Libfabric::IntelMpi("tcp"), "eager_edges": ofi2_tcp_eager_edges_w2 = 2);
 ofi_tests!(Libfabric::IntelMpi("tcp"), "all_to_all": ofi2_tcp_all_to_all_w3 = 3);
 
 /// Over `ofi`, the 2-rank pairs: reads of the peer's offered memory (`fi_read`).

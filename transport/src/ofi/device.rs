@@ -134,7 +134,7 @@ impl RmaDevice for OfiDevice {
             // An eager receive's entry only exposes a length mismatch to a rendezvous sender:
             // it waits for the message instead (`quiet`), unless that is here already.
             let here = &p.eager[slot];
-            if !(here.full && here.idx == e.idx) {
+            if !(here.full && here.idx.is_none_or(|i| i == e.idx)) {
                 p.quiet.push(e);
             }
             return Ok(());
@@ -256,7 +256,7 @@ impl RmaDevice for OfiDevice {
     fn eager_peek(&self, peer: usize, slot: usize, idx: u32) -> Option<EagerHeader> {
         let mut s = self.polled();
         let e = &s.peer(peer).eager[slot];
-        (e.full && e.idx == idx).then_some(EagerHeader {
+        (e.full && e.idx.is_none_or(|i| i == idx)).then_some(EagerHeader {
             tag: e.tag,
             len: e.payload().len(),
         })

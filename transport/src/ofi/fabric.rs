@@ -40,6 +40,8 @@ pub struct Caps {
     pub local_mr: bool,
     /// Data progress is manual (only our calls move data).
     pub manual: bool,
+    /// Bytes of remote completion data a message or write carries (at least 4).
+    pub cq_data: usize,
 }
 
 /// How a thread with nothing to do waits for the completion queues (`AMPCCL_OFI_WAIT`).
@@ -307,6 +309,7 @@ impl Endpoint {
                 local_mr: d.mr_mode & sys::FI_MR_LOCAL != 0
                     || std::env::var("AMPCCL_OFI_MR_LOCAL").is_ok_and(|v| v == "1"),
                 manual: d.data_progress == sys::FI_PROGRESS_MANUAL,
+                cq_data: d.cq_data_size,
             }
         };
         let rails = rails(&caps).max(1);

@@ -95,6 +95,33 @@ impl State {
         }
     }
 
+    /// Checks and applies a received [`wire::Compact`] eager message: the payload `msg` with
+    /// its header in the completion `data`. A peer whose message is wrong is cut off; one that
+    /// names no peer of ours is dropped.
+    pub(super) fn receive_compact(&mut self, msg: &[u8], data: u64) {
+        let from = (data & 0xffff) as usize;
+        if !self.peers.get(from).is_some_and(Option::is_some) {
+            tracing::warn!(
+                "ofi: dropped a compact message of {} bytes from no peer",
+                msg.len()
+            );
+            return;
+        }
+        let r = wire::Compact::decode(data, self.depth).and_then(|c| {
+            if msg.len() > self.eager_max {
+                return Err(format!(
+                    "a compact eager message of {} bytes (at most {})",
+                    msg.len(),
+                    self.eager_max
+                ));
+            }
+            self.store_eager(from, c.slot as usize, None, c.tag, msg)
+        });
+        if let Err(why) = r {
+            self.cut_off(from, format!("protocol violation: {why}"));
+        }
+    }
+
     /// Applies message `h` with `payload` from `peer` (each message of a batch in turn); what
     /// is wrong with it.
     fn receive_from(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
@@ -116,15 +143,16 @@ impl State {
         Ok(())
     }
 
-    /// Fills eager slot `slot` of `peer` with message `h`: a `payload` from [`KEEP_MIN`]
-    /// stays in the receive's buffer ([`State::kept`]), a smaller one is copied out. A
-    /// receive carries at most one eager message (a batch holds credits and clear-to-send
-    /// entries, and one more message).
+    /// Fills eager slot `slot` of `peer` with message `idx` (the slot's next where none) of
+    /// `tag`: a `payload` from [`KEEP_MIN`] stays in the receive's buffer ([`State::kept`]),
+    /// a smaller one is copied out. A receive carries at most one eager message (a batch
+    /// holds credits and clear-to-send entries, and one more message).
     fn store_eager(
         &mut self,
         peer: usize,
         slot: usize,
-        h: &Header,
+        idx: Option<u32>,
+        tag: u32,
         payload: &[u8],
     ) -> Result<(), String> {
         if self.peer(peer).eager[slot].full {
@@ -143,9 +171,9 @@ impl State {
             Some(Payload::Copied(v))
         };
         let p = self.peer(peer);
-        p.quiet.arrived(slot as u32, h.a);
+        p.quiet.arrived(slot as u32, idx);
         let s = &mut p.eager[slot];
-        (s.idx, s.tag, s.full, s.payload) = (h.a, h.b, true, copied);
+        (s.idx, s.tag, s.full, s.payload) = (idx, tag, true, copied);
         Ok(())
     }
 
@@ -187,7 +215,7 @@ impl State {
                 };
             }
             Kind::Imm => p.immediate(slot, (h.a, h.b, h.value))?,
-            Kind::Eager => return self.store_eager(peer, slot, h, payload),
+            Kind::Eager => return self.store_eager(peer, slot, Some(h.a), h.b, payload),
             Kind::Credit => p.credits[slot] = h.a,
             Kind::Ack => p.acks = p.acks.wrapping_add(1),
             Kind::Fail => {

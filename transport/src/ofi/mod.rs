@@ -28,6 +28,9 @@
 //!   ([`crate::device::RmaDevice::send_done`]), so the engine goes on meanwhile;
 //! - eager messages, credits, acks and failure notes are messages into receives posted for
 //!   any sender; each message names its sender's rank (a message naming no peer is dropped);
+//!   an eager payload that fits the provider's message limit (`ofi_rxm`'s bounce buffer)
+//!   only without our header goes alone, its header in the 64-bit completion data
+//!   ([`wire::Compact`]);
 //! - large writes are cut into stripes over several endpoints (*rails*, `AMPCCL_OFI_RAILS`)
 //!   of one domain, each with its own connections where the provider runs over sockets.
 //!   With manual progress rail 0 completes on one queue and the others on a second one,

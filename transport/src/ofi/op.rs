@@ -14,11 +14,13 @@ use super::sys::{Context2, FiAddr};
 pub(super) enum What {
     /// A receive from any peer into `buf` (registered where the provider asks).
     Recv { buf: Box<[u8]>, mr: Option<Mr> },
-    /// The message in `buf` to `peer`; the buffer lives until sent.
+    /// The message in `buf` to `peer`, with remote completion `data` if any (a compact eager
+    /// message, [`super::wire::Compact`]); the buffer lives until sent.
     Send {
         peer: usize,
         buf: Vec<u8>,
         mr: Option<Mr>,
+        data: Option<u64>,
     },
     /// A data write of `[src, src+len)` on `rail` to `peer`'s `(key, addr)` with completion
     /// `data`.
@@ -78,9 +80,10 @@ impl What {
                     to,
                     ctx,
                 ),
-                What::Send { buf, mr, .. } => {
-                    ep.send(buf.as_ptr(), buf.len(), fabric::desc(mr), to, ctx)
-                }
+                What::Send { buf, mr, data, .. } => match data {
+                    None => ep.send(buf.as_ptr(), buf.len(), fabric::desc(mr), to, ctx),
+                    Some(d) => ep.senddata(buf.as_ptr(), buf.len(), fabric::desc(mr), *d, to, ctx),
+                },
                 What::Write {
                     src,
                     len,

@@ -9,7 +9,7 @@ use super::fabric::Mr;
 use super::op::{Op, What};
 use super::state::State;
 use super::sys::{self, Context2};
-use super::wire::{self, Header};
+use super::wire::{self, Header, Kind};
 
 /// Most message buffers kept for reuse.
 const SEND_POOL: usize = 64;
@@ -52,18 +52,36 @@ impl State {
         }
     }
 
-    /// Posts the message built in `b` to `peer`.
-    fn post_send(&mut self, peer: usize, b: SendBuf) -> Result<(), String> {
+    /// Posts the message built in `b` to `peer`, with remote completion `data` if any.
+    fn post_send(&mut self, peer: usize, b: SendBuf, data: Option<u64>) -> Result<(), String> {
         let SendBuf { ctx, buf, mr } = b;
-        let what = What::Send { peer, buf, mr };
+        let what = What::Send {
+            peer,
+            buf,
+            mr,
+            data,
+        };
         self.post_op(Op { ctx, what }).map(drop)
     }
 
     /// Sends `h` with `payload` to `peer`, in one batch with the messages deferred to it when
-    /// they fit together (always, from [`wire::msg_max`]'s receives).
+    /// they fit together within the provider's message limit (always, from
+    /// [`wire::msg_max`]'s receives, where the provider takes any size). An eager message
+    /// that does not fit the limit with its header goes as a [`wire::Compact`] one; the
+    /// deferred messages then wait for the next carrier.
     pub fn send(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
+        if h.kind == Kind::Eager && wire::HEADER + payload.len() > self.msg_limit {
+            let c = wire::Compact {
+                tag: h.b,
+                slot: h.slot,
+                from: self.rank as u32,
+            };
+            let mut b = self.send_buf(payload.len())?;
+            b.buf.extend_from_slice(payload);
+            return self.post_send(peer, b, Some(c.encode()));
+        }
         let rank = self.rank;
-        let batch_max = wire::msg_max(self.eager_max) - wire::HEADER;
+        let batch_max = wire::msg_max(self.eager_max).min(self.msg_limit) - wire::HEADER;
         let deferred = self.peer(peer).deferred.len();
         if deferred > 0 && deferred + wire::batched_len(payload.len()) > batch_max {
             self.flush_peer(peer)?;
@@ -81,7 +99,7 @@ impl State {
             p.deferred.clear();
             p.held.clear();
         }
-        self.post_send(peer, b)
+        self.post_send(peer, b, None)
     }
 
     /// Defers `h` with `payload` to `peer` (see [`super::peer::PeerState`]'s `deferred`).
@@ -109,7 +127,7 @@ impl State {
         let p = self.peer(peer);
         wire::batch_into(&mut b.buf, rank, &p.deferred, None);
         p.deferred.clear();
-        self.post_send(peer, b)
+        self.post_send(peer, b, None)
     }
 
     /// Sends what is deferred to every peer (`all`), or to those whose oldest deferred

@@ -104,7 +104,9 @@ pub enum Payload {
 /// ([`super::incoming::KEEP_MIN`]).
 #[derive(Default)]
 pub struct EagerSlot {
-    pub idx: u32,
+    /// The message's index; none for a [`super::wire::Compact`] message, which is the
+    /// slot's next.
+    pub idx: Option<u32>,
     pub tag: u32,
     pub full: bool,
     pub payload: Option<Payload>,

@@ -36,12 +36,13 @@ impl Quiet {
         self.entries.push_back(entry);
     }
 
-    /// Eager message `idx` arrived in slot `key`: its receive's entry need not go.
-    pub fn arrived(&mut self, key: u32, idx: u32) {
+    /// Eager message `idx` (the slot's next where none) arrived in slot `key`: its receive's
+    /// entry need not go.
+    pub fn arrived(&mut self, key: u32, idx: Option<u32>) {
         let Some(at) = self
             .entries
             .iter()
-            .position(|e| e.key == key && e.idx == idx)
+            .position(|e| e.key == key && idx.is_none_or(|i| e.idx == i))
         else {
             return;
         };
@@ -85,8 +86,8 @@ mod tests {
         q.push(entry(0, 1));
         q.push(entry(1, 2));
         q.push(entry(2, 3));
-        q.arrived(1, 2);
-        q.arrived(2, 7); // an index of another round through the slots
+        q.arrived(1, Some(2));
+        q.arrived(2, Some(7)); // an index of another round through the slots
         assert!(q.due(false).is_empty(), "nothing has waited yet");
         let keys: Vec<_> = q.due(true).iter().map(|e| (e.key, e.idx)).collect();
         assert_eq!(keys, [(0, 1), (2, 3)]);

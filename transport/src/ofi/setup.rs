@@ -14,7 +14,7 @@ use super::shared::Shared;
 use super::state::{self, State};
 use super::sys::Lib;
 use super::wire;
-use super::wire::eager_max;
+use super::wire::{Limits, limits};
 use crate::bootstrap::Bootstrap;
 use crate::transport::TransportConfig;
 
@@ -186,12 +186,14 @@ pub fn connect(
             (false, _) => open_default(library(), provider_from_env().as_deref(), one_host, wait),
         };
         let msg = match &opened {
-            Ok(e) => format!(
-                "ok\n{}\n{}\n{}",
-                e.rails(),
-                eager_max(&e.caps.provider),
-                e.caps.provider
-            ),
+            Ok(e) => {
+                let l = limits(&e.caps.provider, e.caps.cq_data);
+                let rails = e.rails();
+                format!(
+                    "ok\n{rails}\n{}\n{}\n{}",
+                    l.eager_max, l.msg_limit, e.caps.provider
+                )
+            }
             Err(why) => format!("error\n{why}"),
         };
         ep = opened.ok();
@@ -200,12 +202,16 @@ pub fn connect(
         boot.broadcast(TAG_PROVIDER, 0, None)?
     };
     let chosen = String::from_utf8_lossy(&chosen).into_owned();
-    let (rails, eager, name) = match chosen.split_once('\n') {
+    let (rails, limits, name) = match chosen.split_once('\n') {
         Some(("ok", rest)) => {
-            let mut f = rest.splitn(3, '\n');
+            let mut f = rest.splitn(4, '\n');
             let mut number = || f.next().and_then(|n| n.parse::<usize>().ok()).unwrap_or(0);
-            let (rails, eager) = (number(), number());
-            (rails, eager, f.next().unwrap_or_default().to_string())
+            let rails = number();
+            let limits = Limits {
+                eager_max: number(),
+                msg_limit: number(),
+            };
+            (rails, limits, f.next().unwrap_or_default().to_string())
         }
         Some((_, why)) if auto => {
             if rank == 0 {
@@ -220,8 +226,8 @@ pub fn connect(
         return Err(setup_err("rank 0 sent no rail count"));
     }
     // Every rank's receives hold rank 0's largest message: one size for all.
-    if !(1 << 10..=1 << 20).contains(&eager) {
-        return Err(setup_err("rank 0 sent no eager size"));
+    if !(1 << 10..=1 << 20).contains(&limits.eager_max) || limits.msg_limit < 1 << 10 {
+        return Err(setup_err("rank 0 sent no message sizes"));
     }
     let ep = match ep {
         Some(ep) => Ok(ep),
@@ -289,9 +295,9 @@ pub fn connect(
     let caps = ep.caps.clone();
     let version = ep.version();
     let waits = !ep.wait_fds().is_empty();
-    let mut state = State::new(ep, rank, peers, cfg.fifo_depth, eager);
+    let mut state = State::new(ep, rank, peers, cfg.fifo_depth, limits);
     for _ in 0..state::recvs(world - 1) {
-        let buf = vec![0u8; wire::msg_max(eager)].into_boxed_slice();
+        let buf = vec![0u8; wire::msg_max(limits.eager_max)].into_boxed_slice();
         state
             .post_recv(buf)
             .map_err(|e| setup_err(&format!("post a receive: {e}")))?;
@@ -300,8 +306,8 @@ pub fn connect(
     boot.barrier(TAG_READY)?;
     tracing::info!(
         "rank {rank}: ofi: libfabric {version}, provider {}, {rails} rail(s) ({} progress, {} \
-         keys, registered memory addressed by {}{}, eager messages up to {eager} B, idle \
-         threads {})",
+         keys, registered memory addressed by {}{}, eager messages up to {} B, messages whole up to \
+         {} B, idle threads {})",
         caps.provider,
         if caps.manual { "manual" } else { "auto" },
         if caps.prov_key {
@@ -315,6 +321,8 @@ pub fn connect(
         } else {
             ""
         },
+        limits.eager_max,
+        limits.msg_limit,
         if waits {
             "block on the completion queues"
         } else if wait == Wait::Poll {

@@ -77,6 +77,8 @@ pub struct State {
     pub(super) rank: usize,
     pub depth: usize,
     pub eager_max: usize,
+    /// The largest message the provider carries in one piece ([`super::wire::Limits`]).
+    pub msg_limit: usize,
     pub ep: Endpoint,
     /// Whether the engine's last poll read the queue (its next one skips it).
     pub polled_fresh: bool,
@@ -103,7 +105,7 @@ impl State {
         rank: usize,
         peers: Vec<Option<PeerState>>,
         depth: usize,
-        eager_max: usize,
+        limits: wire::Limits,
     ) -> State {
         State {
             peers,
@@ -122,7 +124,8 @@ impl State {
             open_stripes: Arc::default(),
             rank,
             depth,
-            eager_max,
+            eager_max: limits.eager_max,
+            msg_limit: limits.msg_limit,
             ep,
         }
     }
@@ -526,7 +529,12 @@ impl State {
             What::Read { .. } if self.was_abandoned(key) => {}
             What::Read { .. } => self.reads_done.push(key),
             What::Recv { buf, mr } => {
-                self.receive(&buf[..len.min(buf.len())]);
+                let msg = &buf[..len.min(buf.len())];
+                if flags & sys::FI_REMOTE_CQ_DATA != 0 {
+                    self.receive_compact(msg, data);
+                } else {
+                    self.receive(msg);
+                }
                 match self.kept.take() {
                     Some((peer, slot, at, len)) => {
                         let off = at - buf.as_ptr() as usize;

@@ -316,6 +316,18 @@ pub struct OpsMsg {
         FiAddr,
         *mut c_void,
     ) -> isize,
+    pub sendv: *const c_void,
+    pub sendmsg: *const c_void,
+    pub inject: *const c_void,
+    pub senddata: unsafe extern "C" fn(
+        *mut FidEp,
+        *const c_void,
+        usize,
+        *mut c_void,
+        u64,
+        FiAddr,
+        *mut c_void,
+    ) -> isize,
 }
 
 #[repr(C)]

@@ -3,7 +3,8 @@
 //!
 //! A message is a 32-byte header (kind, slot, two words, one 64-bit value, the sender's rank,
 //! all little-endian) followed by the payload of a clear-to-send entry, an eager message or a
-//! failure text. Messages land in receives posted for any sender (not every provider matches
+//! failure text; or, where an eager payload fits the provider's message limit only alone, the
+//! payload with its header in the completion data ([`Compact`]). Messages land in receives posted for any sender (not every provider matches
 //! directed receives right: libfabric 2.x's `tcp` delivered one peer's messages into the
 //! receives of another from 3 ranks on), so the header names the sender.
 //! Decoding validates everything a peer controls (kind, slot against the FIFO depth, payload
@@ -50,22 +51,85 @@ fn rxm_buffer() -> usize {
         .unwrap_or(16 << 10)
 }
 
-/// The largest eager payload over `provider` (a name as libfabric gives it, `tcp;ofi_rxm`).
-/// Where `ofi_rxm` carries the messages, every message (our header and a full batch of
-/// held-back messages with it) fits its bounce buffer ([`rxm_buffer`]; 14 KiB eager with the
-/// default 16 KiB), in whole KiB: beyond it, `ofi_rxm` runs a rendezvous of its own under
-/// ours. Rank 0's value holds for every rank (`connect`).
-pub fn eager_max(provider: &str) -> usize {
-    eager_within(provider, rxm_buffer())
+/// What one message carries over a provider: eager payloads of up to `eager_max` bytes, and
+/// messages of up to `msg_limit` bytes in one piece (beyond it `ofi_rxm` runs a rendezvous
+/// of its own under ours). Rank 0's limits hold for every rank (`connect`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    pub eager_max: usize,
+    pub msg_limit: usize,
 }
 
-/// [`eager_max`] with `ofi_rxm`'s bounce buffers of `rxm_buffer` bytes.
-fn eager_within(provider: &str, rxm_buffer: usize) -> usize {
+/// The [`Limits`] over `provider` (a name as libfabric gives it, `tcp;ofi_rxm`) whose remote
+/// completion data holds `cq_data` bytes.
+pub fn limits(provider: &str, cq_data: usize) -> Limits {
+    limits_within(provider, cq_data, rxm_buffer())
+}
+
+/// [`limits`] with `ofi_rxm`'s bounce buffers of `rxm_buffer` bytes. Where `ofi_rxm` carries
+/// the messages, each must fit its bounce buffer: eager payloads are as large as the buffer
+/// (in whole KiB), and one that does not fit it with its header goes as a [`Compact`]
+/// message, the payload alone with its header in the 64-bit completion data; where that data
+/// is shorter, every eager message fits the buffer with its header and a full batch of
+/// held-back messages (14 KiB of a 16 KiB buffer). Other providers carry [`msg_max`] whole.
+fn limits_within(provider: &str, cq_data: usize, rxm_buffer: usize) -> Limits {
     if !provider.split(';').any(|p| p == "ofi_rxm") {
-        return EAGER_MAX;
+        return Limits {
+            eager_max: EAGER_MAX,
+            msg_limit: msg_max(EAGER_MAX),
+        };
     }
-    let overhead = msg_max(0) - MAX_TEXT;
-    (rxm_buffer.saturating_sub(overhead) & !1023).clamp(1 << 10, EAGER_MAX)
+    let room = if cq_data >= Compact::BYTES {
+        rxm_buffer
+    } else {
+        rxm_buffer.saturating_sub(msg_max(0) - MAX_TEXT)
+    };
+    Limits {
+        eager_max: (room & !1023).clamp(1 << 10, EAGER_MAX),
+        // A smaller buffer (`FI_OFI_RXM_BUFFER_SIZE` set below it) still carries every
+        // message, larger ones by `ofi_rxm`'s own rendezvous.
+        msg_limit: rxm_buffer.max(1 << 10),
+    }
+}
+
+/// An eager message whose header travels in the 64 bits of remote completion data
+/// (`fi_senddata`) and whose message is the payload alone: so a payload that fits the
+/// provider's message limit only without our header ([`Limits`]: a 16 KiB payload over
+/// `ofi_rxm`'s 16 KiB buffer) still goes in one message. The data holds the tag, the slot
+/// and the sender (ranks and slots below 2^16, as `connect` requires); the message's index
+/// is the slot's next, as a sender writes into a slot only once its receiver freed it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Compact {
+    pub tag: u32,
+    pub slot: u32,
+    pub from: u32,
+}
+
+impl Compact {
+    /// Bytes of completion data a compact message needs.
+    pub const BYTES: usize = 8;
+
+    pub fn encode(self) -> u64 {
+        (u64::from(self.tag) << 32)
+            | (u64::from(self.slot & 0xffff) << 16)
+            | u64::from(self.from & 0xffff)
+    }
+
+    /// The compact header in `data` for a FIFO of `depth` slots.
+    pub fn decode(data: u64, depth: usize) -> Result<Compact, String> {
+        let c = Compact {
+            tag: (data >> 32) as u32,
+            slot: (data >> 16) as u32 & 0xffff,
+            from: data as u32 & 0xffff,
+        };
+        if c.slot as usize >= depth {
+            return Err(format!(
+                "a compact eager message for slot {} (slots: {depth})",
+                c.slot
+            ));
+        }
+        Ok(c)
+    }
 }
 
 /// What a message carries.
@@ -386,19 +450,53 @@ mod tests {
         assert_eq!(sender_of(&m[..27]), None);
     }
 
-    /// Over `ofi_rxm` every message fits its bounce buffer, the default one and larger or
-    /// smaller ones; other providers take the full eager size.
+    /// Over `ofi_rxm` eager payloads are as large as its bounce buffer (default, larger and
+    /// smaller ones) where the header can go as completion data, and every message fits the
+    /// buffer with its header where it cannot; other providers take the full eager size.
     #[test]
     fn eager_messages_fit_the_rxm_bounce_buffer() {
         let rxm = "tcp;ofi_rxm";
-        assert_eq!(eager_within("tcp", 16 << 10), EAGER_MAX);
-        assert_eq!(eager_within("verbs;ofi_rxm", 16 << 10), 14 << 10);
-        assert_eq!(eager_within(rxm, 36 << 10), EAGER_MAX, "capped");
-        assert_eq!(eager_within(rxm, 0), 1 << 10, "the floor");
+        let other = limits_within("tcp", 8, 16 << 10);
+        assert_eq!(other.eager_max, EAGER_MAX);
+        assert!(other.msg_limit >= msg_max(EAGER_MAX));
+        assert_eq!(
+            limits_within("verbs;ofi_rxm", 8, 16 << 10).eager_max,
+            16 << 10
+        );
+        assert_eq!(
+            limits_within("verbs;ofi_rxm", 4, 16 << 10).eager_max,
+            14 << 10
+        );
+        assert_eq!(
+            limits_within(rxm, 8, 36 << 10).eager_max,
+            EAGER_MAX,
+            "capped"
+        );
+        assert_eq!(limits_within(rxm, 4, 0).eager_max, 1 << 10, "the floor");
         for buf in [4 << 10, 16 << 10, 20_000, 33 << 10, 36 << 10] {
-            let eager = eager_within(rxm, buf);
-            assert!(msg_max(eager) <= buf, "{buf}: {eager}");
-            assert_eq!(eager % 1024, 0);
+            let narrow = limits_within(rxm, 4, buf);
+            assert!(msg_max(narrow.eager_max) <= buf, "{buf}: {narrow:?}");
+            let wide = limits_within(rxm, 8, buf);
+            assert!(
+                wide.eager_max <= buf && wide.eager_max >= narrow.eager_max,
+                "{buf}: {wide:?}"
+            );
+            for l in [narrow, wide] {
+                assert_eq!(l.eager_max % 1024, 0);
+                assert_eq!(l.msg_limit, buf);
+            }
         }
+    }
+
+    #[test]
+    fn compact_headers_round_trip_and_name_bad_slots() {
+        let c = Compact {
+            tag: 0xdead_beef,
+            slot: 255,
+            from: 65535,
+        };
+        assert_eq!(Compact::decode(c.encode(), 256), Ok(c));
+        let e = Compact::decode(c.encode(), 255).unwrap_err();
+        assert!(e.contains("slot 255"), "{e}");
     }
 }

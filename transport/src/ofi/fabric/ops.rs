@@ -47,6 +47,24 @@ impl Endpoint {
         unsafe { ((*(*ep).msg).send)(ep, buf.cast(), len, desc, dest, ctx) }
     }
 
+    /// Sends `len` bytes at `buf` on rail 0 to `dest` with remote completion `data`.
+    ///
+    /// # Safety
+    /// As for [`Endpoint::send`].
+    pub unsafe fn senddata(
+        &self,
+        buf: *const u8,
+        len: usize,
+        desc: *mut c_void,
+        data: u64,
+        dest: sys::FiAddr,
+        ctx: *mut c_void,
+    ) -> isize {
+        let ep = self.eps[0];
+        // SAFETY: a live endpoint's `msg` table; the rest by the caller's contract.
+        unsafe { ((*(*ep).msg).senddata)(ep, buf.cast(), len, desc, data, dest, ctx) }
+    }
+
     /// Writes `len` bytes at `buf` on rail `rail` to `dest`'s `(key, addr)` (`dest`: the
     /// peer's same rail), with remote completion `data`.
     ///
