@@ -99,7 +99,8 @@ impl State {
     /// its header in the completion `data`. A peer whose message is wrong is cut off; one that
     /// names no peer of ours is dropped.
     pub(super) fn receive_compact(&mut self, msg: &[u8], data: u64) {
-        let from = (data & 0xffff) as usize;
+        let c = wire::Compact::decode(data);
+        let from = c.from as usize;
         if !self.peers.get(from).is_some_and(Option::is_some) {
             tracing::warn!(
                 "ofi: dropped a compact message of {} bytes from no peer",
@@ -107,7 +108,7 @@ impl State {
             );
             return;
         }
-        let r = wire::Compact::decode(data, self.depth).and_then(|c| {
+        let r = c.check(self.depth).and_then(|()| {
             if msg.len() > self.eager_max {
                 return Err(format!(
                     "a compact eager message of {} bytes (at most {})",

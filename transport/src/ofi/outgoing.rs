@@ -67,10 +67,13 @@ impl State {
     /// Sends `h` with `payload` to `peer`, in one batch with the messages deferred to it when
     /// they fit together within the provider's message limit (always, from
     /// [`wire::msg_max`]'s receives, where the provider takes any size). An eager message
-    /// that does not fit the limit with its header goes as a [`wire::Compact`] one; the
-    /// deferred messages then wait for the next carrier.
+    /// that does not fit the limit with its header goes as a [`wire::Compact`] one where the
+    /// completion data holds it; the deferred messages then wait for the next carrier.
     pub fn send(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
-        if h.kind == Kind::Eager && wire::HEADER + payload.len() > self.msg_limit {
+        if h.kind == Kind::Eager
+            && wire::HEADER + payload.len() > self.msg_limit
+            && self.ep.caps.cq_data >= wire::Compact::BYTES
+        {
             let c = wire::Compact {
                 tag: h.b,
                 slot: h.slot,

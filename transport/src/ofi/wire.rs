@@ -109,26 +109,31 @@ impl Compact {
     /// Bytes of completion data a compact message needs.
     pub const BYTES: usize = 8;
 
+    /// The completion data: the tag, then the slot and the sender in 16 bits each.
     pub fn encode(self) -> u64 {
         (u64::from(self.tag) << 32)
             | (u64::from(self.slot & 0xffff) << 16)
             | u64::from(self.from & 0xffff)
     }
 
-    /// The compact header in `data` for a FIFO of `depth` slots.
-    pub fn decode(data: u64, depth: usize) -> Result<Compact, String> {
-        let c = Compact {
+    /// The compact header in `data` (what a peer sent: [`Compact::check`] it).
+    pub fn decode(data: u64) -> Compact {
+        Compact {
             tag: (data >> 32) as u32,
             slot: (data >> 16) as u32 & 0xffff,
             from: data as u32 & 0xffff,
-        };
-        if c.slot as usize >= depth {
+        }
+    }
+
+    /// What is wrong with it for a FIFO of `depth` slots.
+    pub fn check(&self, depth: usize) -> Result<(), String> {
+        if self.slot as usize >= depth {
             return Err(format!(
                 "a compact eager message for slot {} (slots: {depth})",
-                c.slot
+                self.slot
             ));
         }
-        Ok(c)
+        Ok(())
     }
 }
 
@@ -495,8 +500,9 @@ mod tests {
             slot: 255,
             from: 65535,
         };
-        assert_eq!(Compact::decode(c.encode(), 256), Ok(c));
-        let e = Compact::decode(c.encode(), 255).unwrap_err();
+        assert_eq!(Compact::decode(c.encode()), c);
+        assert_eq!(c.check(256), Ok(()));
+        let e = c.check(255).unwrap_err();
         assert!(e.contains("slot 255"), "{e}");
     }
 }
