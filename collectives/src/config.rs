@@ -136,6 +136,8 @@ impl Config {
         for p in crate::params() {
             p.parse(get(&p.var()).as_deref())?;
         }
+        // Read by the `ofi` provider once it opens; checked here, before the bootstrap.
+        ampccl_transport::ofi::parse_wait(set("AMPCCL_OFI_WAIT").as_deref())?;
         c.transport = get("AMPCCL_TRANSPORT").filter(|s| !s.is_empty());
         for kind in OpKind::ALL {
             if let Some(v) = get(&format!("AMPCCL_ALGO_{}", kind.name().to_uppercase())) {
@@ -178,6 +180,16 @@ mod tests {
             Err(Error::InvalidArgument(m)) => m,
             other => panic!("{var}={value:?}: expected InvalidArgument, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn an_unknown_ofi_wait_mode_is_named() {
+        let m = err("AMPCCL_OFI_WAIT", "spin");
+        assert!(
+            m.contains("AMPCCL_OFI_WAIT") && m.contains("fd or poll"),
+            "{m}"
+        );
+        assert!(Config::from_lookup(|k| (k == "AMPCCL_OFI_WAIT").then(|| "poll".into())).is_ok());
     }
 
     #[test]

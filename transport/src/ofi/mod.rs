@@ -77,4 +77,6 @@ mod sys;
 mod wire;
 
 pub use device::{OfiDevice, WRITES_COMPLETE_MAX};
-pub use setup::{FABRICS, RAILS, connect, fabrics_from_env, library, provider_from_env};
+pub use setup::{
+    FABRICS, RAILS, connect, fabrics_from_env, library, parse_wait, provider_from_env,
+};

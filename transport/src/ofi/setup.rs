@@ -105,10 +105,17 @@ pub fn provider_from_env() -> Option<String> {
 /// How this rank's idle threads wait for its completion queues: `AMPCCL_OFI_WAIT`, `fd` (the
 /// default) or `poll` ([`Wait`]). Each rank follows its own value: waiting is local.
 pub fn wait_from_env() -> Result<Wait> {
-    match std::env::var("AMPCCL_OFI_WAIT").as_deref() {
-        Err(_) | Ok("" | "fd") => Ok(Wait::Fd),
-        Ok("poll") => Ok(Wait::Poll),
-        Ok(v) => Err(Error::InvalidArgument(format!(
+    parse_wait(std::env::var("AMPCCL_OFI_WAIT").ok().as_deref())
+}
+
+/// The wait mode `AMPCCL_OFI_WAIT=v` names (unset or empty: `fd`). A communicator's
+/// configuration checks the variable with it too, before the bootstrap, so that a bad value
+/// fails every rank alike instead of whichever rank reaches the provider first.
+pub fn parse_wait(v: Option<&str>) -> Result<Wait> {
+    match v.map(str::trim) {
+        None | Some("" | "fd") => Ok(Wait::Fd),
+        Some("poll") => Ok(Wait::Poll),
+        Some(v) => Err(Error::InvalidArgument(format!(
             "AMPCCL_OFI_WAIT={v:?}: expected fd or poll"
         ))),
     }
