@@ -94,6 +94,17 @@ mod tests {
         assert!(q.due(true).is_empty(), "sent once");
     }
 
+    /// A compact eager message (no index: the slot's next) drops its slot's entry.
+    #[test]
+    fn a_compact_arrival_drops_its_slots_entry() {
+        let mut q = Quiet::default();
+        q.push(entry(0, 1));
+        q.push(entry(3, 4));
+        q.arrived(3, None);
+        let keys: Vec<_> = q.due(true).iter().map(|e| (e.key, e.idx)).collect();
+        assert_eq!(keys, [(0, 1)]);
+    }
+
     /// Entries whose receive waits leave on their own once the oldest has waited the hold
     /// time, even while the engine never sleeps.
     #[test]

@@ -4,9 +4,10 @@
 //! A message is a 32-byte header (kind, slot, two words, one 64-bit value, the sender's rank,
 //! all little-endian) followed by the payload of a clear-to-send entry, an eager message or a
 //! failure text; or, where an eager payload fits the provider's message limit only alone, the
-//! payload with its header in the completion data ([`Compact`]). Messages land in receives posted for any sender (not every provider matches
-//! directed receives right: libfabric 2.x's `tcp` delivered one peer's messages into the
-//! receives of another from 3 ranks on), so the header names the sender.
+//! payload with its header in the completion data ([`Compact`]). Messages land in receives
+//! posted for any sender (not every provider matches directed receives right: libfabric 2.x's
+//! `tcp` delivered one peer's messages into the receives of another from 3 ranks on), so the
+//! header names the sender.
 //! Decoding validates everything a peer controls (kind, slot against the FIFO depth, payload
 //! length against the kind and against what arrived) and names what is wrong; the device turns
 //! that into a connection error naming the peer.
