@@ -15,10 +15,13 @@ benches/peers/install.sh (--gloo for torch) under $PEERS_HOME (default ~/.cache/
 fabtests from benches/peers/fabtests.sh (there too), iperf3 from the system. A peer that is not
 installed is skipped with one line saying so.
 
-Every launch makes its own K emulated hosts with `ampccl-hosts -k K [--rate R] [--tcp-cc C] -- ...`
-(tests/src/hosts.rs: host i is 10.213.0.<i+1>, a network, UTS and mount namespace each, veths
-on a bridge; `--rate` shapes every host's link with tc tbf, `--tcp-cc` sets every host's TCP
-congestion control, which new namespaces otherwise take from this machine) and they are gone
+Every launch makes its own K emulated hosts with `ampccl-hosts -k K [--rate R] [--tcp-cc C]
+[--quickack] -- ...` (tests/src/hosts.rs: host i is 10.213.0.<i+1>, a network, UTS and mount
+namespace each, veths on a bridge; `--rate` shapes every host's link with tc tbf, `--tcp-cc` sets
+every host's TCP congestion control, which new namespaces otherwise take from this machine;
+`--quickack` makes every host acknowledge each TCP segment at once, so that a latency comparison
+does not hinge on when each connection's kernel acknowledges, which depends on the sizes it
+carried before: docs/PERFORMANCE.md, "Where `ofi` trails") and they are gone
 when it ends; every launch sets up the same hosts. Per variant:
 
   ampccl      `ampccl-hosts -k K -- ampccl-perf -o OP -b S -e S -n N -w W --csv F`, one launch
@@ -267,7 +270,8 @@ class Bench:
         self.tmp = tempfile.mkdtemp(prefix="ampccl-cmp-hosts-")
         atexit.register(shutil.rmtree, self.tmp, ignore_errors=True)
         self.base = ([hosts_exe()] + (["--rate", a.rate] if a.rate else [])
-                     + (["--tcp-cc", a.tcp_cc] if a.tcp_cc else []))
+                     + (["--tcp-cc", a.tcp_cc] if a.tcp_cc else [])
+                     + (["--quickack"] if a.quickack else []))
 
     def hosts(self, program):
         return self.base + ["-k", str(self.k), "--"] + program
@@ -467,6 +471,8 @@ def main():
     ap.add_argument("--rate", help="shape every host's link with tc tbf (e.g. 5gbit)")
     ap.add_argument("--tcp-cc", help="every host's TCP congestion control (e.g. cubic; default: this "
                                      "machine's, which the hosts inherit)")
+    ap.add_argument("--quickack", action="store_true",
+                    help="every host acknowledges each TCP segment at once (a route metric)")
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--iperf3-time", type=float, default=3, help="seconds per iperf3 test")
     ap.add_argument("--pin-ampccl", action="store_true",
@@ -615,6 +621,7 @@ def main():
     print(f"{k} hosts x 1 rank, f32, medians of {a.rounds} alternated rounds"
           + (f", links shaped to {a.rate}" if a.rate else "")
           + f", TCP congestion control {a.tcp_cc or 'the machine default'}"
+          + (", every segment acknowledged at once (quickack)" if a.quickack else "")
           + f"; time per call (us), algbw (GB/s = 1e9 B/s); builds ran during {noisy} round(s)"
           + (f"; a slow spell of the host began during {tally['spells']} launch(es): {tally['redone']} run "
              f"again, {tally['dropped']} left out" if probe else "; host not probed")

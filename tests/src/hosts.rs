@@ -23,7 +23,8 @@
 //!   every namespace; the hostname tells hosts apart, also for the bootstrap's host id.)
 //! * **Faults and shaping**: [`Hosts::set_rate`] puts a `tc tbf` qdisc on both ends of a host's
 //!   veth (`tc netem` is not available on every kernel, `tbf` is); [`Hosts::link_down`] takes the
-//!   host's bridge port down, like a pulled cable (the host's `eth0` loses carrier).
+//!   host's bridge port down, like a pulled cable (the host's `eth0` loses carrier);
+//!   [`Hosts::set_quickack`] makes a host's TCP acknowledge every segment at once.
 //!
 //! **Cleanup.** Names are `ampccl-hosts-<pid>-<n>-…` (`<n>` counts the [`Hosts`] of this
 //! process), so parallel test processes never collide. Dropping the last handle (also while
@@ -48,6 +49,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub const NETNS_PREFIX: &str = "ampccl-hosts-";
 /// Most hosts of one [`Hosts`] (addresses `10.213.0.1` to `10.213.0.250`).
 pub const MAX_HOSTS: usize = 250;
+/// The hosts' subnet (host `i` is `10.213.0.<i+1>`).
+const SUBNET: &str = "10.213.0.0/24";
 /// Where `ip netns` keeps its names.
 const NETNS_DIR: &str = "/run/netns";
 
@@ -265,6 +268,34 @@ impl Hosts {
                  net.ipv4.tcp_allowed_congestion_control=\"{allowed} {name}\"): {e}"
             )
         })
+    }
+
+    /// Makes host `i` acknowledge every TCP segment it receives at once: its route to the
+    /// hosts' subnet gets the `quickack` metric (`ip route change ... quickack 1`). Otherwise
+    /// Linux delays an acknowledgement until the reader's `recv` when the receive window would
+    /// not grow, a state a connection enters or leaves with the sizes it carried before; over a
+    /// veth that `recv` then also runs the peer's receipt of the acknowledgement, several
+    /// microseconds. With the metric both programs of a latency comparison pay the same
+    /// whatever their connections carried (docs/PERFORMANCE.md, "Where `ofi` trails").
+    pub fn set_quickack(&self, i: usize) -> Result<(), String> {
+        let host = self.host(i);
+        run_quiet(Command::new("ip").args([
+            "-n",
+            &host.netns,
+            "route",
+            "change",
+            SUBNET,
+            "dev",
+            "eth0",
+            "proto",
+            "kernel",
+            "scope",
+            "link",
+            "src",
+            &host.addr.to_string(),
+            "quickack",
+            "1",
+        ]))
     }
 
     /// Removes the rate limit of [`Hosts::set_rate`] (nothing if none).

@@ -335,6 +335,33 @@ fn congestion_control_per_host() {
     );
 }
 
+/// `set_quickack` gives one host's route to the subnet the `quickack` metric, leaves the other
+/// hosts' routes alone, and the hosts still reach each other.
+#[test]
+fn quickack_per_host() {
+    let Some(hosts) = Hosts::new_or_skip(2) else {
+        return;
+    };
+    let route = |i| sh(&hosts, i, "ip route show 10.213.0.0/24");
+    assert!(!route(0).1.contains("quickack"), "{:?}", route(0));
+    hosts.set_quickack(0).unwrap();
+    let (ok, shown) = route(0);
+    assert!(
+        ok && shown.contains("quickack 1"),
+        "host 0's route: {shown:?}"
+    );
+    assert!(
+        shown.contains(&format!("src {}", hosts.addr(0))),
+        "{shown:?}"
+    );
+    assert!(
+        !route(1).1.contains("quickack"),
+        "host 1 changed with host 0"
+    );
+    transfer(&hosts, 1, 0, 7100, 1 << 20).expect("host 1 -> host 0 after quickack");
+    transfer(&hosts, 0, 1, 7101, 1 << 20).expect("host 0 -> host 1 after quickack");
+}
+
 /// `link_down` cuts a host off (connects to and from it fail), `link_up` restores it.
 #[test]
 fn link_down_and_up() {

@@ -3,7 +3,8 @@
 //! or measures the TCP ceiling between two of them. Needs root.
 //!
 //! ```text
-//! ampccl-hosts [-k HOSTS] [-r RANKS_PER_HOST] [--rate RATE] [--tcp-cc NAME] -- PROGRAM ARGS...
+//! ampccl-hosts [-k HOSTS] [-r RANKS_PER_HOST] [--rate RATE] [--tcp-cc NAME] [--quickack]
+//!              -- PROGRAM ARGS...
 //! ampccl-hosts --ceiling [--rate RATE] [--tcp-cc NAME] [--streams N] [--mib M]
 //! ampccl-hosts --iperf3 "IPERF3 CLIENT ARGS" [--rate RATE] [--tcp-cc NAME]
 //! ```
@@ -12,7 +13,8 @@
 //! `WORLD_SIZE`, `LOCAL_RANK`) and a job token; rank 0's output goes to standard output, every
 //! other rank's standard error is prefixed with its rank. `--rate` shapes every host's link with
 //! `tc tbf` (e.g. `5gbit`); `--tcp-cc` sets every host's TCP congestion control (e.g. `cubic`;
-//! by default the hosts take this machine's). `--ceiling` sends `--mib` MiB over `--streams` TCP
+//! by default the hosts take this machine's); `--quickack` makes every host acknowledge each TCP
+//! segment at once (`Hosts::set_quickack`, for latency comparisons). `--ceiling` sends `--mib` MiB over `--streams` TCP
 //! connections from host 1 to host 0 and prints the rate: what one link between two such hosts
 //! carries.
 //! `--iperf3` runs an `iperf3` server in host 0 and `iperf3 -c <host 0> ARGS` in host 1 (e.g.
@@ -48,6 +50,7 @@ struct Opts {
     per_host: usize,
     rate: Option<String>,
     tcp_cc: Option<String>,
+    quickack: bool,
     ceiling: bool,
     streams: usize,
     mib: usize,
@@ -60,6 +63,7 @@ fn parse(args: &[String]) -> Result<(Opts, Vec<String>), String> {
         per_host: 1,
         rate: None,
         tcp_cc: None,
+        quickack: false,
         ceiling: false,
         streams: 1,
         mib: 1024,
@@ -84,6 +88,7 @@ fn parse(args: &[String]) -> Result<(Opts, Vec<String>), String> {
             "-r" => o.per_host = number(value("-r")?, "-r")?,
             "--rate" => o.rate = Some(value("--rate")?),
             "--tcp-cc" => o.tcp_cc = Some(value("--tcp-cc")?),
+            "--quickack" => o.quickack = true,
             "--ceiling" => o.ceiling = true,
             "--streams" => o.streams = number(value("--streams")?, "--streams")?,
             "--mib" => o.mib = number(value("--mib")?, "--mib")?,
@@ -96,7 +101,8 @@ fn parse(args: &[String]) -> Result<(Opts, Vec<String>), String> {
         }
     }
     if !o.ceiling && o.iperf3.is_none() && program.is_empty() {
-        return Err("usage: ampccl-hosts [-k HOSTS] [-r RANKS_PER_HOST] [--rate R] -- PROGRAM ARGS... | --ceiling".into());
+        return Err("usage: ampccl-hosts [-k HOSTS] [-r RANKS_PER_HOST] [--rate R] [--tcp-cc C] [--quickack] \
+             -- PROGRAM ARGS... | --ceiling".into());
     }
     Ok((o, program))
 }
@@ -111,6 +117,9 @@ fn run(args: &[String]) -> Result<ExitCode, String> {
         }
         if let Some(cc) = &o.tcp_cc {
             hosts.set_congestion_control(i, cc)?;
+        }
+        if o.quickack {
+            hosts.set_quickack(i)?;
         }
     }
     if o.ceiling {
