@@ -8,7 +8,8 @@
 //! driver sends all of them before it sleeps ([`crate::transport::Transport::driver_sleeps`]).
 //! The `ofi` provider holds an eager receive's clear-to-send longer still: it rides on no
 //! message, leaves only once the receive has waited [`HOLD`] (or before the driver sleeps),
-//! and not at all when the message arrives first (`ofi::quiet`).
+//! and not at all when the message arrives first (`ofi::quiet`). Its credits wait for a
+//! count instead of a clock (`ofi::outgoing`), since its compact messages carry no batch.
 //!
 //! Sending them at the first idle step instead costs a small exchange a second message each
 //! way: the credit of message `n` leaves alone while the engine waits for message `n + 1`,

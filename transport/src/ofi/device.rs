@@ -279,7 +279,7 @@ impl RmaDevice for OfiDevice {
         let h = Header::new(Kind::Credit, slot, seq.wrapping_add(1), 0, 0);
         // Deferred: the sender needs it only `depth` messages later. The receive is complete:
         // a peer that is gone by now needs no credit.
-        let _ = s.defer(peer, &h, &[]);
+        let _ = s.defer_credit(peer, &h);
         Ok(())
     }
 

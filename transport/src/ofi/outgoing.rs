@@ -2,8 +2,8 @@
 //! under its own context and kept for the next message once its send completed (a message
 //! costs no allocation), and batched: messages nobody waits for yet (credits, an eager
 //! receive's clear-to-send) are deferred per peer and ride with the next message to that peer
-//! as one [`wire::Kind::Batch`], or leave on their own once they waited
-//! [`crate::hold::HOLD`] or filled [`wire::DEFER_MAX`].
+//! as one [`wire::Kind::Batch`], or leave on their own once they filled [`wire::DEFER_MAX`],
+//! or from the engine's idle steps ([`State::flush`]).
 
 use super::fabric::Mr;
 use super::op::{Op, What};
@@ -13,6 +13,11 @@ use super::wire::{self, Header, Kind};
 
 /// Most message buffers kept for reuse.
 const SEND_POOL: usize = 64;
+
+/// Credits held for a peer that leave on their own at the engine's next idle step (fewer for
+/// a FIFO of less than twice as many slots): one message of credits per this many received
+/// where none rides on a message back. docs/TUNING.md ("Fixed constants") has the measurement.
+const CREDIT_BATCH: usize = 16;
 
 /// A message buffer ([`wire::msg_max`] bytes of capacity, registered where the provider asks)
 /// with a context to send it under: kept for the next message once its send completed, so a
@@ -100,7 +105,7 @@ impl State {
         } else {
             wire::batch_into(&mut b.buf, rank, &p.deferred, Some((h, payload)));
             p.deferred.clear();
-            p.held.clear();
+            p.credits_held = 0;
         }
         self.post_send(peer, b, None)
     }
@@ -111,9 +116,16 @@ impl State {
             self.flush_peer(peer)?;
         }
         let rank = self.rank;
-        let p = self.peer(peer);
-        wire::push_batch(&mut p.deferred, h, rank, payload);
-        p.held.note();
+        wire::push_batch(&mut self.peer(peer).deferred, h, rank, payload);
+        Ok(())
+    }
+
+    /// Defers the credit `h` to `peer`: it rides with the next message there, or leaves
+    /// from an idle step of the engine once [`CREDIT_BATCH`] credits wait, or before the
+    /// driver sleeps ([`State::flush`]).
+    pub fn defer_credit(&mut self, peer: usize, h: &Header) -> Result<(), String> {
+        self.defer(peer, h, &[])?;
+        self.peer(peer).credits_held += 1;
         Ok(())
     }
 
@@ -121,7 +133,7 @@ impl State {
     fn flush_peer(&mut self, peer: usize) -> Result<(), String> {
         let rank = self.rank;
         let p = self.peer(peer);
-        p.held.clear();
+        p.credits_held = 0;
         if p.deferred.is_empty() {
             return Ok(());
         }
@@ -133,17 +145,26 @@ impl State {
         self.post_send(peer, b, None)
     }
 
-    /// Sends what is deferred to every peer (`all`), or to those whose oldest deferred
-    /// message has waited [`crate::hold::HOLD`], with the clear-to-send entries of eager
-    /// receives that are due ([`super::quiet::Quiet::due`]). A peer that is gone needs none
-    /// of it.
+    /// Sends the clear-to-send entries of eager receives that are due
+    /// ([`super::quiet::Quiet::due`]) and a peer's credits once [`CREDIT_BATCH`] wait, each
+    /// with what else is deferred to that peer; with `all` (the driver is about to sleep),
+    /// what is deferred to every peer. A peer that is gone needs none of it.
+    ///
+    /// Credits wait for a count, not a clock: timing them out after [`crate::hold::HOLD`], as
+    /// the TCP provider does, sent one more message per hold where no message carries them
+    /// back, as where every message is [`wire::Compact`] (16 KiB ping-pong over `ofi_rxm`).
+    /// Holding fewer than half a FIFO leaves the peer at least half its eager slots: its
+    /// sends wait for a credit only while this rank does not receive what it already sent,
+    /// and a rank that waits for anything runs idle steps.
     pub fn flush(&mut self, all: bool) {
+        let batch = CREDIT_BATCH.min(self.depth / 2).max(1);
         for peer in 0..self.peers.len() {
             let Some(p) = self.peers[peer].as_mut() else {
                 continue;
             };
             let quiet = p.quiet.due(all);
-            let due = !quiet.is_empty() || (!p.deferred.is_empty() && (all || p.held.due()));
+            let due =
+                !quiet.is_empty() || (!p.deferred.is_empty() && (all || p.credits_held >= batch));
             for e in &quiet {
                 let (h, payload) = wire::cts_message(e, false, 0);
                 let _ = self.defer(peer, &h, &payload);

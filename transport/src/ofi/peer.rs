@@ -13,7 +13,6 @@ use super::fabric::Mr;
 use super::quiet::Quiet;
 use super::sys::FiAddr;
 use crate::device::CtsEntry;
-use crate::hold::Held;
 
 /// A clear-to-send entry the peer posted, as its message carried it.
 #[derive(Clone, Copy, Default)]
@@ -147,11 +146,10 @@ pub struct PeerState {
     pub dead: Option<String>,
     /// Messages nobody waits for yet (credits; the clear-to-send entries of eager receives
     /// once due, see `quiet`), as a [`super::wire::Kind::Batch`] payload: they leave with the
-    /// next message to the peer, or once the engine has idled [`crate::hold::HOLD`] or is
-    /// about to sleep ([`super::state::State::flush`]).
+    /// next message to the peer, or on their own ([`super::state::State::flush`]).
     pub deferred: Vec<u8>,
-    /// Since when the oldest of `deferred` waits.
-    pub held: Held,
+    /// Credits among `deferred`.
+    pub credits_held: usize,
     /// The clear-to-send entries of our eager receives whose message has not arrived: they
     /// leave only if it stays away ([`Quiet`]).
     pub quiet: Quiet,
@@ -176,7 +174,7 @@ impl PeerState {
             failed: None,
             dead: None,
             deferred: Vec::new(),
-            held: Held::default(),
+            credits_held: 0,
             quiet: Quiet::default(),
             backlogged: 0,
             stuck_since: None,
