@@ -14,9 +14,9 @@
 //! other rank's standard error is prefixed with its rank. `--rate` shapes every host's link with
 //! `tc tbf` (e.g. `5gbit`); `--tcp-cc` sets every host's TCP congestion control (e.g. `cubic`;
 //! by default the hosts take this machine's); `--quickack` makes every host acknowledge each TCP
-//! segment at once (`Hosts::set_quickack`, for latency comparisons). `--ceiling` sends `--mib` MiB over `--streams` TCP
-//! connections from host 1 to host 0 and prints the rate: what one link between two such hosts
-//! carries.
+//! segment at once (`Hosts::set_quickack`, for latency comparisons). `--ceiling` sends `--mib`
+//! MiB over `--streams` TCP connections from host 1 to host 0 and prints the rate: what one link
+//! between two such hosts carries.
 //! `--iperf3` runs an `iperf3` server in host 0 and `iperf3 -c <host 0> ARGS` in host 1 (e.g.
 //! `"-t 5"`, `"-t 5 -P 4"`, `"-t 5 --bidir"`) and prints iperf3's summary lines.
 
@@ -101,8 +101,11 @@ fn parse(args: &[String]) -> Result<(Opts, Vec<String>), String> {
         }
     }
     if !o.ceiling && o.iperf3.is_none() && program.is_empty() {
-        return Err("usage: ampccl-hosts [-k HOSTS] [-r RANKS_PER_HOST] [--rate R] [--tcp-cc C] [--quickack] \
-             -- PROGRAM ARGS... | --ceiling".into());
+        return Err(
+            "usage: ampccl-hosts [-k HOSTS] [-r RANKS_PER_HOST] [--rate R] [--tcp-cc C] \
+             [--quickack] -- PROGRAM ARGS... | --ceiling"
+                .into(),
+        );
     }
     Ok((o, program))
 }
