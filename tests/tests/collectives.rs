@@ -35,6 +35,7 @@ fn worker_entry() {
             "all_to_all" => each_dtype!(all_to_all(c)),
             "sendrecv" => each_dtype!(sendrecv(c)),
             "eager_edges" => eager_edges(c)?,
+            "last_words" => last_words(c)?,
             "barrier" => barrier(c)?,
             "topology" => topology(c)?,
             "transport" => transport(c)?,
@@ -358,6 +359,46 @@ fn eager_edges(c: &Communicator) -> Outcome {
     Ok(())
 }
 
+/// Rank 0 sends rank 1 more small messages (0 – 96 bytes) than the FIFO has slots and
+/// destroys its communicator as soon as the last send returns, while rank 1, which started
+/// receiving only later, still receives: every message must arrive, the credits rank 0 waited
+/// for meanwhile included (a send returns once its message is with the transport; the
+/// transport's close lets what it still holds leave).
+fn last_words(c: &Communicator) -> Outcome {
+    let rank = c.rank();
+    if rank > 1 {
+        return Ok(());
+    }
+    if rank == 1 {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    for k in 0..600usize {
+        let n = k % 97;
+        let s = salt(13, n, false, k);
+        let w = what::<u8>(
+            c,
+            "small messages 0->1 before a destroy",
+            ReduceOp::Sum,
+            n,
+            false,
+        );
+        if rank == 0 {
+            c.send(&input::<u8>(0, n, ReduceOp::Sum, s), 1)
+                .map_err(err(&w))?;
+        } else {
+            let mut got = vec![u8::poison(); n];
+            c.recv(&mut got, 0).map_err(err(&w))?;
+            check(
+                &w,
+                ReduceOp::Sum,
+                &got,
+                &input::<u8>(0, n, ReduceOp::Sum, s),
+            )?;
+        }
+    }
+    Ok(())
+}
+
 fn now_ns() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -426,6 +467,8 @@ world_tests!("all_to_all", TCP: tcp_all_to_all_w2 = 2, tcp_all_to_all_w3 = 3);
 world_tests!("sendrecv", TCP: tcp_sendrecv_w2 = 2, tcp_sendrecv_w3 = 3);
 world_tests!("eager_edges": eager_edges_w2 = 2);
 world_tests!("eager_edges", TCP: tcp_eager_edges_w2 = 2);
+world_tests!("last_words": last_words_w2 = 2);
+world_tests!("last_words", TCP: tcp_last_words_w2 = 2);
 world_tests!("barrier", TCP: tcp_barrier_w3 = 3);
 
 /// The `ofi` provider (libfabric's RMA) between the ranks of this host, over `$lib`.
@@ -451,6 +494,7 @@ ofi_tests!(RXM, "all_to_all": ofi_all_to_all_w3 = 3);
 ofi_tests!(RXM, "sendrecv": ofi_sendrecv_w3 = 3);
 ofi_tests!(RXM, "barrier": ofi_barrier_w3 = 3);
 ofi_tests!(RXM, "eager_edges": ofi_eager_edges_w2 = 2);
+ofi_tests!(RXM, "last_words": ofi_last_words_w2 = 2);
 
 /// `ofi_rxm` with 36 KiB bounce buffers (`FI_OFI_RXM_BUFFER_SIZE`): eager messages up to
 /// 32 KiB, so 4099 four-byte elements go eagerly where the default buffer sends them by
@@ -472,6 +516,8 @@ ofi_tests!(Libfabric::IntelMpi("tcp"), "all_to_all": ofi2_tcp_all_to_all_w2 = 2)
 ofi_tests!(Libfabric::IntelMpi("tcp"), "allgather": ofi2_tcp_allgather_w3 = 3);
 ofi_tests!(Libfabric::IntelMpi("tcp"), "sendrecv": ofi2_tcp_sendrecv_w3 = 3);
 ofi_tests!(Libfabric::IntelMpi("tcp"), "eager_edges": ofi2_tcp_eager_edges_w2 = 2);
+ofi_tests!(Libfabric::IntelMpi("tcp"), "last_words": ofi2_tcp_last_words_w2 = 2);
+ofi_tests!(Libfabric::System("shm"), "last_words": ofi_shm_last_words_w2 = 2);
 ofi_tests!(Libfabric::IntelMpi("tcp"), "all_to_all": ofi2_tcp_all_to_all_w3 = 3);
 
 /// Over `ofi`, the 2-rank pairs: reads of the peer's offered memory (`fi_read`).
