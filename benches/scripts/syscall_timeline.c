@@ -1,9 +1,10 @@
 /* A system-call timeline of a communication library's data path, cheap enough for two ranks
  * sharing two CPUs (`perf record -e raw_syscalls:*` doubled the time per call there). Loaded
  * with LD_PRELOAD, it wraps the socket calls libfabric's `tcp` provider and ampccl's TCP
- * provider make (sendmsg, send, sendto, recv, recvfrom, recvmsg, readv, writev), epoll_wait
- * and poll, times each with CLOCK_MONOTONIC (one clock for every process of the machine), and
- * at exit writes one line per call to $SYSCALL_TIMELINE.<pid>:
+ * provider make (sendmsg, send, sendto, recv, recvfrom, recvmsg, readv, writev), read and
+ * write (libfabric signals its queues' wait objects with them), epoll_wait and poll, times
+ * each with CLOCK_MONOTONIC (one clock for every process of the machine), and at exit writes
+ * one line per call to $SYSCALL_TIMELINE.<pid>:
  *
  *   start_us end_us tid call result
  *
@@ -31,9 +32,9 @@
 #define MAX_CALLS (1 << 21)
 #define QUIET_EPOLL_US 20.0
 
-enum call { SENDMSG, SEND, SENDTO, RECV, RECVFROM, RECVMSG, READV, WRITEV, EPOLL, POLL };
+enum call { SENDMSG, SEND, SENDTO, RECV, RECVFROM, RECVMSG, READV, WRITEV, EPOLL, POLL, READ, WRITE };
 static const char *const NAMES[] = {"sendmsg", "send",  "sendto", "recv",       "recvfrom",
-                                    "recvmsg", "readv", "writev", "epoll_wait", "poll"};
+                                    "recvmsg", "readv", "writev", "epoll_wait", "poll", "read", "write"};
 
 struct record {
     double start, end;
@@ -104,3 +105,5 @@ WRAP(READV, ssize_t, readv, (int fd, const struct iovec *v, int n), (fd, v, n))
 WRAP(WRITEV, ssize_t, writev, (int fd, const struct iovec *v, int n), (fd, v, n))
 WRAP(EPOLL, int, epoll_wait, (int e, struct epoll_event *ev, int m, int t), (e, ev, m, t))
 WRAP(POLL, int, poll, (struct pollfd *f, nfds_t n, int t), (f, n, t))
+WRAP(READ, ssize_t, read, (int fd, void *b, size_t l), (fd, b, l))
+WRAP(WRITE, ssize_t, write, (int fd, const void *b, size_t l), (fd, b, l))
