@@ -338,11 +338,16 @@ fn eager_edges(c: &Communicator) -> Outcome {
             )?;
         }
     }
-    let n = 16_384;
-    let w = what::<u8>(c, "a burst of eager messages 0->1", ReduceOp::Sum, n, false);
+    one_way(c, "a burst of eager messages 0->1", 12, |_| 16_384)
+}
+
+/// Rank 0 sends rank 1 600 messages, the `k`th of `size(k)` bytes, each checked by rank 1.
+fn one_way(c: &Communicator, name: &str, kind: u64, size: impl Fn(usize) -> usize) -> Outcome {
     for k in 0..600usize {
-        let s = salt(12, n, false, k);
-        if rank == 0 {
+        let n = size(k);
+        let s = salt(kind, n, false, k);
+        let w = what::<u8>(c, name, ReduceOp::Sum, n, false);
+        if c.rank() == 0 {
             c.send(&input::<u8>(0, n, ReduceOp::Sum, s), 1)
                 .map_err(err(&w))?;
         } else {
@@ -372,31 +377,7 @@ fn last_words(c: &Communicator) -> Outcome {
     if rank == 1 {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    for k in 0..600usize {
-        let n = k % 97;
-        let s = salt(13, n, false, k);
-        let w = what::<u8>(
-            c,
-            "small messages 0->1 before a destroy",
-            ReduceOp::Sum,
-            n,
-            false,
-        );
-        if rank == 0 {
-            c.send(&input::<u8>(0, n, ReduceOp::Sum, s), 1)
-                .map_err(err(&w))?;
-        } else {
-            let mut got = vec![u8::poison(); n];
-            c.recv(&mut got, 0).map_err(err(&w))?;
-            check(
-                &w,
-                ReduceOp::Sum,
-                &got,
-                &input::<u8>(0, n, ReduceOp::Sum, s),
-            )?;
-        }
-    }
-    Ok(())
+    one_way(c, "small messages 0->1 before a destroy", 13, |k| k % 97)
 }
 
 fn now_ns() -> u64 {
