@@ -336,9 +336,10 @@ impl RmaDevice for OfiDevice {
 }
 
 impl Drop for OfiDevice {
-    /// Lets what we sent last (a credit, a failure note) leave before the endpoint closes:
-    /// with manual progress nothing moves unless we drive it. Then stops the progress thread
-    /// and waits for it, so that the endpoint closes here, when `shared` drops.
+    /// Stops the progress thread and waits for it, so that nothing is posted behind the last
+    /// look below and the endpoint closes here, when `shared` drops. Then lets what we sent
+    /// last (a credit, a failure note, the thread's last liveness message) leave before the
+    /// endpoint closes: with manual progress nothing moves unless we drive it.
     ///
     /// A device whose communicator failed (or whose peer is lost, or with operations still in
     /// flight by then) is left open: closing an endpoint after a connection broke mid-transfer
@@ -347,8 +348,6 @@ impl Drop for OfiDevice {
     /// ours in flight any more). Its endpoint, buffers and registrations then stay allocated
     /// (one device per failed communicator) and nothing of ours is freed under the provider.
     fn drop(&mut self) {
-        self.lock().flush(true);
-        let in_flight = !self.drive_until(FLUSH_WAIT, |s| !s.sending());
         self.stop.store(true, Ordering::Release);
         self.handback.give();
         if let Some(t) = self.progress.take() {
@@ -356,6 +355,8 @@ impl Drop for OfiDevice {
             // either way.
             let _ = t.join();
         }
+        self.lock().flush(true);
+        let in_flight = !self.drive_until(FLUSH_WAIT, |s| !s.sending());
         let lost = self
             .lock()
             .peers

@@ -147,8 +147,8 @@ impl Pick<'_> {
 }
 
 /// The provider descriptions of `fi_getinfo` for reliable-datagram endpoints with messages
-/// and RMA (the named provider's only, if `pick` names one): the first that `pick` accepts
-/// and that carries at least 4 bytes of remote completion data.
+/// delivered in order and RMA (the named provider's only, if `pick` names one): the first
+/// that `pick` accepts and that carries at least 4 bytes of remote completion data.
 fn getinfo(lib: &Lib, pick: Pick) -> Result<*mut sys::Info, String> {
     let provider = match pick {
         Pick::Named(p) => Some(p),
@@ -167,6 +167,11 @@ fn getinfo(lib: &Lib, pick: Pick) -> Result<*mut sys::Info, String> {
         h.caps = sys::FI_MSG | sys::FI_RMA;
         h.mode = sys::FI_CONTEXT | sys::FI_CONTEXT2;
         (*h.ep_attr).ep_type = sys::FI_EP_RDM;
+        // The protocol takes a peer's messages in the order they were sent: a later
+        // clear-to-send for a slot replaces an earlier one, a credit follows the message it
+        // frees. A provider that may reorder them does not match.
+        (*h.tx_attr).msg_order = sys::FI_ORDER_SAS;
+        (*h.rx_attr).msg_order = sys::FI_ORDER_SAS;
         let d = &mut *h.domain_attr;
         d.mr_mode =
             sys::FI_MR_LOCAL | sys::FI_MR_VIRT_ADDR | sys::FI_MR_ALLOCATED | sys::FI_MR_PROV_KEY;
@@ -184,7 +189,7 @@ fn getinfo(lib: &Lib, pick: Pick) -> Result<*mut sys::Info, String> {
     unsafe { (lib.freeinfo)(hints) };
     if rc != 0 {
         return Err(format!(
-            "no provider with reliable datagrams and RMA{}: {}",
+            "no provider with reliable datagrams, ordered messages and RMA{}: {}",
             provider.map(|p| format!(" named {p}")).unwrap_or_default(),
             lib.strerror(rc.into())
         ));

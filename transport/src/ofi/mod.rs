@@ -5,8 +5,9 @@
 //!
 //! libfabric is loaded at run time ([`sys`]): without it the provider reports no device. Rank 0
 //! picks the libfabric provider (`AMPCCL_OFI_PROVIDER`, else the first with reliable datagrams,
-//! RMA and at least 4 bytes of remote completion data), every rank opens an
-//! endpoint of it ([`fabric`]) and the ranks swap endpoint addresses through the bootstrap.
+//! messages delivered in the order sent, RMA and at least 4 bytes of remote completion data),
+//! every rank opens an endpoint of it ([`fabric`]) and the ranks swap endpoint addresses
+//! through the bootstrap.
 //!
 //! The receiver-driven protocol maps onto it as on an RDMA NIC:
 //! - a clear-to-send registers the memory it names (`fi_mr_reg`, with a fresh random

@@ -167,14 +167,17 @@ impl Shared {
     }
 
     /// Makes the application's memory ours again before an operation's error returns. First
-    /// it reads the queue and waits up to [`DRAIN_WAIT`] for our own writes and reads to
-    /// complete or fail (data that already arrived still completes its transfer meanwhile);
-    /// then it withdraws the writes still queued and closes every region peers may write into
-    /// or read ([`State::revoke_all`]).
+    /// it withdraws the data writes still queued (reading the queue would post them), then
+    /// reads the queue and waits up to [`DRAIN_WAIT`] for our writes and reads with the
+    /// provider to complete or fail (data that already arrived still completes its transfer
+    /// meanwhile; a queued read may still start: its waiter owns the destination until it
+    /// gives up, [`State::forget_read`]); then it withdraws the writes queued meanwhile and
+    /// closes every region peers may write into or read ([`State::revoke_all`]).
     ///
     /// Once a wait ran out, later failures do not wait again (each operation of the failed
     /// communicator would otherwise add its second).
     pub(super) fn reclaim(&self) {
+        self.lock().withdraw_queued_writes();
         if !self.drain_ran_out.load(Ordering::Relaxed)
             && !self.drive_until(DRAIN_WAIT, |s| !s.accessing())
         {

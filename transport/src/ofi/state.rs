@@ -175,7 +175,15 @@ impl State {
                 return Ok(key);
             }
             if rc != -sys::FI_EAGAIN {
-                return Err(self.ep.strerror(rc as i64));
+                let why = self.ep.strerror(rc as i64);
+                if let Some(p) = peer {
+                    // What a message carried (held-back credits, a clear-to-send) is lost
+                    // with it, and the callers of messages nobody waits for ignore the
+                    // error: the peer's waits fail now, as after an error completion
+                    // (`failed`), rather than at their timeout.
+                    self.peer(p).kill(format!("is unreachable: {why}"));
+                }
+                return Err(why);
             }
             if let Some(p) = peer {
                 self.peer(p).stuck_since = Some(Instant::now());
@@ -350,11 +358,8 @@ impl State {
 
     /// Whether messages, writes or reads of ours have not completed yet (receives aside).
     pub fn sending(&self) -> bool {
-        !self.backlog.is_empty()
-            || self
-                .ops
-                .values()
-                .any(|op| !matches!(op.what, What::Recv { .. }))
+        let outgoing = |op: &Op| !matches!(op.what, What::Recv { .. });
+        self.backlog.iter().any(|(_, op)| outgoing(op)) || self.ops.values().any(outgoing)
     }
 
     /// Whether data writes or reads of ours (which touch the application's memory, unlike

@@ -36,6 +36,9 @@ pub const FI_MR_VIRT_ADDR: c_int = 1 << 4;
 pub const FI_MR_ALLOCATED: c_int = 1 << 5;
 pub const FI_MR_PROV_KEY: c_int = 1 << 6;
 
+/// Message ordering: a peer's sends arrive in the order they were posted.
+pub const FI_ORDER_SAS: u64 = 1 << 8;
+
 pub const FI_EP_RDM: c_int = 3;
 pub const FI_AV_TABLE: c_int = 2;
 pub const FI_CQ_FORMAT_DATA: c_int = 3;

@@ -272,6 +272,14 @@ pub fn decode(msg: &[u8], depth: usize, eager_max: usize) -> Result<(Header, &[u
             payload.len()
         ));
     }
+    // No region is that large: the size would overflow the stripe arithmetic of every write
+    // into it (`protocol::stripe_len`).
+    if kind == Kind::Cts {
+        let size = decode_cts(payload).size;
+        if size > isize::MAX as u64 {
+            return Err(format!("a clear-to-send of {size} bytes"));
+        }
+    }
     Ok((h, payload))
 }
 
@@ -414,6 +422,16 @@ mod tests {
         assert_eq!(decode_cts(p), e);
         assert!(decode(&m, 3, 16).unwrap_err().contains("slot 3"));
         assert!(decode(&m[..HEADER + 4], 4, 16).is_err());
+        let huge = CtsEntry {
+            size: u64::MAX - 7,
+            ..e
+        };
+        let m_huge = Header::new(Kind::Cts, 3, 0, 0, 42).encode(7, &encode_cts(&huge));
+        assert!(
+            decode(&m_huge, 4, 16)
+                .unwrap_err()
+                .contains("clear-to-send of")
+        );
         let eager = Header::new(Kind::Eager, 0, 1, 2, 17).encode(0, &[0; 17]);
         assert!(decode(&eager, 4, 16).unwrap_err().contains("at most 16"));
         assert!(decode(&eager[..10], 4, 32).is_err());
