@@ -41,6 +41,8 @@ pub fn recvs(peers: usize) -> usize {
 /// does while it fails to reconnect to a peer that is gone) before it counts as unreachable.
 /// The progress thread's liveness messages make this the time to notice a dead peer.
 pub const STUCK: Duration = Duration::from_secs(1);
+/// Most reads of a queue in one [`State::read_queue`] call (of up to 16 completions each).
+const READ_PASSES: usize = 64;
 
 /// Everything behind the device's lock. On drop the endpoint's rails close first (nothing
 /// lands in our buffers after that), then the fields drop in order: registrations (in `peers`,
@@ -427,12 +429,14 @@ impl State {
     /// Reads and applies every completion ready on `queue`; whether there was any. A read
     /// that returns fewer entries than asked for has emptied the queue: reading again would
     /// only cost another pass through the provider (a system call with socket providers)
-    /// right when something arrived.
+    /// right when something arrived. At most [`READ_PASSES`] reads: a failed receive is posted
+    /// again before the next one, and a broken endpoint could fail it again for ever, with
+    /// the lock held; the next call reads on.
     fn read_queue(&mut self, queue: usize) -> bool {
         const BATCH: usize = 16;
         let mut entries = [const { MaybeUninit::uninit() }; BATCH];
         let mut any = false;
-        loop {
+        for _ in 0..READ_PASSES {
             if !self.reposts.is_empty() {
                 self.post_reposts();
             }
@@ -460,6 +464,7 @@ impl State {
                 }
             }
         }
+        any
     }
 
     /// An error completion of the operation with context `key`: its peer is unreachable (a
