@@ -338,8 +338,10 @@ impl RmaDevice for OfiDevice {
 impl Drop for OfiDevice {
     /// Stops the progress thread and waits for it, so that nothing is posted behind the last
     /// look below and the endpoint closes here, when `shared` drops. Then lets what we sent
-    /// last (a credit, a failure note, the thread's last liveness message) leave before the
-    /// endpoint closes: with manual progress nothing moves unless we drive it.
+    /// last (a credit, a failure note, the thread's last liveness message) leave, and waits
+    /// up to [`FLUSH_WAIT`] for the peers to take our eager messages
+    /// ([`super::state::State::consumed`]), before the endpoint closes: with manual progress
+    /// nothing moves unless we drive it.
     ///
     /// A device whose communicator failed (or whose peer is lost, or with operations still in
     /// flight by then) is left open: closing an endpoint after a connection broke mid-transfer
@@ -356,7 +358,10 @@ impl Drop for OfiDevice {
             let _ = t.join();
         }
         self.lock().flush(true);
-        let in_flight = !self.drive_until(FLUSH_WAIT, |s| !s.sending());
+        // Our messages have left, and the peers have taken them (best effort: a peer that
+        // never receives them costs this wait, not the close).
+        let settled = self.drive_until(FLUSH_WAIT, |s| !s.sending() && s.consumed());
+        let in_flight = !settled && self.lock().sending();
         let lost = self
             .lock()
             .peers

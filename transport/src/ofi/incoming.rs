@@ -217,7 +217,11 @@ impl State {
             }
             Kind::Imm => p.immediate(slot, (h.a, h.b, h.value))?,
             Kind::Eager => return self.store_eager(peer, slot, Some(h.a), h.b, payload),
-            Kind::Credit => p.credits[slot] = h.a,
+            Kind::Credit => {
+                p.credits[slot] = h.a;
+                // One credit per eager message (more only from a broken peer).
+                p.uncredited = p.uncredited.saturating_sub(1);
+            }
             Kind::Ack => p.acks = p.acks.wrapping_add(1),
             Kind::Fail => {
                 p.failed

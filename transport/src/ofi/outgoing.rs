@@ -75,6 +75,9 @@ impl State {
     /// that does not fit the limit with its header goes as a [`wire::Compact`] one where the
     /// completion data holds it; the deferred messages then wait for the next carrier.
     pub fn send(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
+        if h.kind == Kind::Eager {
+            self.peer(peer).uncredited += 1;
+        }
         if h.kind == Kind::Eager
             && wire::HEADER + payload.len() > self.msg_limit
             && self.ep.caps.cq_data >= wire::Compact::BYTES

@@ -150,6 +150,9 @@ pub struct PeerState {
     pub deferred: Vec<u8>,
     /// Credits among `deferred`.
     pub credits_held: usize,
+    /// Our eager messages to the peer it has not credited yet (consumed): closing waits for
+    /// them ([`super::state::State::consumed`]).
+    pub uncredited: u64,
     /// The clear-to-send entries of our eager receives whose message has not arrived: they
     /// leave only if it stays away ([`Quiet`]).
     pub quiet: Quiet,
@@ -175,6 +178,7 @@ impl PeerState {
             dead: None,
             deferred: Vec::new(),
             credits_held: 0,
+            uncredited: 0,
             quiet: Quiet::default(),
             backlogged: 0,
             stuck_since: None,

@@ -58,6 +58,10 @@ pub struct State {
     /// completion is dropped instead of waiting in `reads_done` for nobody. A context address
     /// stays unique while its operation is in the table.
     reads_abandoned: Vec<usize>,
+    /// Reads that failed while their waiter still waited, by context address, until it gives
+    /// up ([`State::forget_read`]). The context is freed at the failure, so its address may
+    /// name a new operation by then: this list tells the two apart.
+    reads_failed: Vec<usize>,
     /// Every region was closed after a failure ([`State::revoke_all`]).
     pub(super) revoked: bool,
     /// Message buffers not in use (see [`SendBuf`]).
@@ -115,6 +119,7 @@ impl State {
             backlog: VecDeque::new(),
             reads_done: Vec::new(),
             reads_abandoned: Vec::new(),
+            reads_failed: Vec::new(),
             revoked: false,
             send_pool: Vec::new(),
             spare_recvs: Vec::new(),
@@ -364,6 +369,18 @@ impl State {
         self.backlog.iter().any(|(_, op)| outgoing(op)) || self.ops.values().any(outgoing)
     }
 
+    /// Whether every live peer has consumed our eager messages (credited each). Closing the
+    /// endpoint before races the peer's last credits: over socket providers they then meet
+    /// a closed connection, which resets it, and the peer's provider fails what it had not
+    /// delivered yet (`ofi2_tcp_eager_edges_w2` lost its last messages so in about one run
+    /// in five).
+    pub fn consumed(&self) -> bool {
+        self.peers
+            .iter()
+            .flatten()
+            .all(|p| p.uncredited == 0 || p.dead.is_some())
+    }
+
     /// Whether data writes or reads of ours (which touch the application's memory, unlike
     /// messages) are still with the provider or in the backlog.
     pub fn accessing(&self) -> bool {
@@ -375,6 +392,10 @@ impl State {
     /// in the backlog never starts, one with the provider has its completion dropped when it
     /// comes, and one that already ended (done, or failed) leaves nothing behind.
     pub fn forget_read(&mut self, id: usize) {
+        if let Some(i) = self.reads_failed.iter().position(|&r| r == id) {
+            self.reads_failed.swap_remove(i);
+            return;
+        }
         if self.withdraw(|key, _| key == id).is_empty()
             && !self.take_read(id)
             && self.ops.contains_key(&id)
@@ -484,7 +505,9 @@ impl State {
         match op.what {
             What::Write { rma, .. } => self.wrote(peer, rma.2),
             What::Read { .. } => {
-                self.was_abandoned(key);
+                if !self.was_abandoned(key) {
+                    self.reads_failed.push(key);
+                }
             }
             What::Send { buf, mr, .. } => self.recycle(SendBuf {
                 ctx: op.ctx,
