@@ -73,11 +73,18 @@ impl State {
     /// they fit together within the provider's message limit (always, from
     /// [`wire::msg_max`]'s receives, where the provider takes any size). An eager message
     /// that does not fit the limit with its header goes as a [`wire::Compact`] one where the
-    /// completion data holds it; the deferred messages then wait for the next carrier.
+    /// completion data holds it; the deferred messages then wait for the next carrier. An
+    /// eager message counts as uncredited once it went (`PeerState::uncredited`).
     pub fn send(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
+        self.send_message(peer, h, payload)?;
         if h.kind == Kind::Eager {
             self.peer(peer).uncredited += 1;
         }
+        Ok(())
+    }
+
+    /// [`State::send`] without the count.
+    fn send_message(&mut self, peer: usize, h: &Header, payload: &[u8]) -> Result<(), String> {
         if h.kind == Kind::Eager
             && wire::HEADER + payload.len() > self.msg_limit
             && self.ep.caps.cq_data >= wire::Compact::BYTES
