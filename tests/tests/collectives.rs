@@ -364,11 +364,12 @@ fn one_way(c: &Communicator, name: &str, kind: u64, size: impl Fn(usize) -> usiz
     Ok(())
 }
 
-/// Rank 0 sends rank 1 more small messages (0 – 96 bytes) than the FIFO has slots and
-/// destroys its communicator as soon as the last send returns, while rank 1, which started
-/// receiving only later, still receives: every message must arrive, the credits rank 0 waited
-/// for meanwhile included (a send returns once its message is with the transport; the
-/// transport's close lets what it still holds leave).
+/// Rank 0 sends rank 1 more small messages (0 – 96 bytes) than the FIFO has slots, then ten
+/// of over 1 MiB (past every eager limit, so they go by rendezvous), and destroys its
+/// communicator as soon as the last send returns, while rank 1, which started receiving only
+/// later, still receives: every message must arrive, the credits rank 0 waited for meanwhile
+/// included (a send returns once its message is with the transport; the transport's close
+/// lets what it still holds leave).
 fn last_words(c: &Communicator) -> Outcome {
     let rank = c.rank();
     if rank > 1 {
@@ -377,7 +378,10 @@ fn last_words(c: &Communicator) -> Outcome {
     if rank == 1 {
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
-    one_way(c, "small messages 0->1 before a destroy", 13, |k| k % 97)
+    one_way(c, "messages 0->1 before a destroy", 13, |k| match k {
+        590.. => (1 << 20) + k,
+        _ => k % 97,
+    })
 }
 
 fn now_ns() -> u64 {

@@ -6,14 +6,15 @@
 //! what was wrong; a message that names no peer of ours is dropped.
 //!
 //! An eager payload from [`KEEP_MIN`] bytes waits in the receive buffer it arrived in (a
-//! spare buffer is posted in its place); a smaller one is copied out, so the buffer is posted
-//! again at once.
+//! spare buffer is posted in its place, or it is copied out where none can be registered); a
+//! smaller one is copied out, so the buffer is posted again at once.
 
 use super::peer::{Payload, PeerCts, RecvBuf};
 use super::state::State;
 use super::sys::{self, Context2};
 use super::wire::{self, Header, Kind};
 use crate::device::CtsEntry;
+use std::ops::Range;
 
 /// Most spare receive buffers (and buffers for small payloads) kept for reuse (more are
 /// freed): as many as eager messages usually wait at once, across all peers.
@@ -24,9 +25,18 @@ const SPARE_RECVS: usize = 64;
 pub const KEEP_MIN: usize = 8 << 10;
 
 impl State {
-    /// Posts a spare receive buffer (a new one when none is left) in place of one that holds
-    /// an eager message now.
-    pub(super) fn post_spare(&mut self, ctx: Box<Context2>) {
+    /// Hands the eager payload at `range` of receive buffer `buf` to `peer`'s `slot` and posts
+    /// a receive under `ctx` in its place: a spare buffer (a new one when none is left), the
+    /// payload staying where it arrived; where no spare can be had (its registration failed),
+    /// the payload is copied out and `buf` itself is posted again, so the number of posted
+    /// receives never shrinks.
+    pub(super) fn keep(
+        &mut self,
+        (peer, slot): (usize, usize),
+        ctx: Box<Context2>,
+        RecvBuf { buf, mr }: RecvBuf,
+        range: Range<usize>,
+    ) {
         let spare = match self.spare_recvs.pop() {
             Some(b) => Ok(b),
             None => {
@@ -35,10 +45,19 @@ impl State {
                     .map(|mr| RecvBuf { buf, mr })
             }
         };
-        match spare {
-            Ok(RecvBuf { buf, mr }) => self.repost(ctx, buf, mr),
-            Err(why) => tracing::warn!("ofi: cannot register a receive buffer: {why}"),
-        }
+        let payload = match spare {
+            Ok(spare) => {
+                self.repost(ctx, spare.buf, spare.mr);
+                Payload::Kept(RecvBuf { buf, mr }, range)
+            }
+            Err(why) => {
+                tracing::warn!("ofi: cannot register a receive buffer, copying instead: {why}");
+                let copy = buf[range].to_vec();
+                self.repost(ctx, buf, mr);
+                Payload::Copied(copy)
+            }
+        };
+        self.peer(peer).eager[slot].payload = Some(payload);
     }
 
     /// A peer's data write landed in our memory: count it for its slot. One naming a slot

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use super::fabric::{Endpoint, Mr};
 use super::op::{AddrHasher, Op, What};
 use super::outgoing::SendBuf;
-use super::peer::{Payload, PeerState, RecvBuf};
+use super::peer::{PeerState, RecvBuf};
 use super::sys::{self, Context2, FiAddr};
 use super::wire;
 
@@ -526,11 +526,16 @@ impl State {
         self.reposts.push(Op { ctx, what });
     }
 
-    /// Posts the receives [`State::repost`] queued.
+    /// Posts the receives [`State::repost`] queued. A receive the provider refuses (other than
+    /// for now: those wait in the backlog) leaves the endpoint with fewer receives than its
+    /// peers' credits count on, and a provider that refuses one refuses the next: every
+    /// peer's waits fail now, naming why, rather than at their timeout.
     fn post_reposts(&mut self) {
         while let Some(op) = self.reposts.pop() {
             if let Err(why) = self.post_op(op) {
-                tracing::warn!("ofi: cannot post a receive again: {why}");
+                for p in self.peers.iter_mut().flatten() {
+                    p.kill(format!("is unreachable: no receive can be posted: {why}"));
+                }
             }
         }
     }
@@ -571,9 +576,7 @@ impl State {
                 match self.kept.take() {
                     Some((peer, slot, at, len)) => {
                         let off = at - buf.as_ptr() as usize;
-                        let kept = Payload::Kept(RecvBuf { buf, mr }, off..off + len);
-                        self.peer(peer).eager[slot].payload = Some(kept);
-                        self.post_spare(op.ctx);
+                        self.keep((peer, slot), op.ctx, RecvBuf { buf, mr }, off..off + len);
                     }
                     None => self.repost(op.ctx, buf, mr),
                 }
