@@ -73,8 +73,8 @@ pub struct State {
     /// next reads the queue, so posting one is not between a message's arrival and the
     /// engine's answer to it.
     reposts: Vec<Op>,
-    /// Buffers for small eager payloads ([`super::peer::Payload::Copied`]) not in use, empty: a message
-    /// allocates nothing.
+    /// Buffers for small eager payloads ([`super::peer::Payload::Copied`]) not in use, empty:
+    /// a message allocates nothing.
     pub(super) spare_copies: Vec<Vec<u8>>,
     /// The eager message of the receive being applied: `(peer, slot, payload address, len)`.
     /// It stays in the receive's buffer, which goes to the slot once the receive is applied.
