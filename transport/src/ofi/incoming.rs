@@ -52,9 +52,9 @@ impl State {
             }
             Err(why) => {
                 tracing::warn!("ofi: cannot register a receive buffer, copying instead: {why}");
-                let copy = buf[range].to_vec();
+                let copy = self.copied(&buf[range]);
                 self.repost(ctx, buf, mr);
-                Payload::Copied(copy)
+                copy
             }
         };
         self.peer(peer).eager[slot].payload = Some(payload);
@@ -186,15 +186,20 @@ impl State {
             self.kept = Some((peer, slot, payload.as_ptr() as usize, payload.len()));
             None
         } else {
-            let mut v = self.spare_copies.pop().unwrap_or_default();
-            v.extend_from_slice(payload);
-            Some(Payload::Copied(v))
+            Some(self.copied(payload))
         };
         let p = self.peer(peer);
         p.quiet.arrived(slot as u32, idx);
         let s = &mut p.eager[slot];
         (s.idx, s.tag, s.full, s.payload) = (idx, tag, true, copied);
         Ok(())
+    }
+
+    /// `payload` copied into a buffer of its own (a pooled one where there is).
+    fn copied(&mut self, payload: &[u8]) -> Payload {
+        let mut v = self.spare_copies.pop().unwrap_or_default();
+        v.extend_from_slice(payload);
+        Payload::Copied(v)
     }
 
     /// Empties eager slot `slot` of `peer` (its receiver has the message), keeping the
